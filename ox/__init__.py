@@ -1,0 +1,19 @@
+"""ox: a durable task queue for Django's Tasks API, kept in the database the app already runs."""
+
+from typing import Any
+
+__all__ = ["cancel", "enqueue_many", "retry"]
+
+
+def __getattr__(name: str) -> Any:
+    # The public operations live in modules that import models; load them lazily so that
+    # `import ox` works before the app registry is ready (settings, AppConfig).
+    if name in {"cancel", "retry"}:
+        from ox import operations
+
+        return getattr(operations, name)
+    if name == "enqueue_many":
+        from ox.enqueue import enqueue_many
+
+        return enqueue_many
+    raise AttributeError(name)

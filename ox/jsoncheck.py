@@ -1,0 +1,37 @@
+"""Refuse, at enqueue, values that would not come back unchanged from a JSON column."""
+
+import math
+from typing import Any
+
+from ox.exceptions import ArgumentsNotJSON
+
+
+def json_problem(value: Any, path: str) -> str | None:
+    """Describe the first part of `value` that JSON cannot round-trip, or None."""
+    if value is None or isinstance(value, (bool, str)):
+        return None
+    if isinstance(value, int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} is {value!r}, which JSON cannot represent"
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            problem = json_problem(item, f"{path}[{i}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path} has the key {key!r} of type {type(key).__name__}; JSON keys are strings"
+            problem = json_problem(item, f"{path}[{key!r}]")
+            if problem:
+                return problem
+        return None
+    return f"{path} is a {type(value).__module__}.{type(value).__qualname__}, which is not JSON"
+
+
+def ensure_json(value: Any, path: str) -> None:
+    problem = json_problem(value, path)
+    if problem:
+        raise ArgumentsNotJSON(f"Task arguments must survive a JSON round trip: {problem}.")

@@ -1,0 +1,78 @@
+import logging
+import os
+import signal
+import sys
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
+from django.tasks.exceptions import InvalidTaskBackend
+
+from ox.backend import OxBackend
+from ox.supervisor import Supervisor, child_command
+from ox.worker import Worker, WorkerSettings
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(value)
+    return number
+
+
+class Command(BaseCommand):
+    help = "Run an ox worker: claim tasks from the database and run them."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--queues", default="", help="Comma-separated queues (default: all of the backend's).")
+        parser.add_argument("--concurrency", type=positive_int, default=1, help="Threads for sync tasks.")
+        parser.add_argument("--async-concurrency", type=positive_int, default=100, help="Async tasks at once.")
+        parser.add_argument("--processes", type=positive_int, default=1, help="Worker processes, supervised.")
+        parser.add_argument("--batch", action="store_true", help="Exit once no task is due and none is running.")
+        parser.add_argument("--max-tasks", type=positive_int, default=None, help="Exit after claiming this many.")
+        parser.add_argument("--interval", type=float, default=None, help="Idle poll interval in seconds.")
+        parser.add_argument("--backend", default=DEFAULT_TASK_BACKEND_ALIAS, help="TASKS alias.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            backend = task_backends[options["backend"]]
+        except InvalidTaskBackend as exc:
+            raise CommandError(str(exc)) from exc
+        if not isinstance(backend, OxBackend):
+            raise CommandError(f"Backend {options['backend']!r} is not an ox backend.")
+        if options["interval"] is not None and options["interval"] <= 0:
+            raise CommandError("--interval must be positive")
+        if options["processes"] > 1:
+            supervisor = Supervisor(child_command(sys.argv), options["processes"], backend.config.shutdown_grace)
+            sys.exit(supervisor.run())
+        queues = [q.strip() for q in options["queues"].split(",") if q.strip()] or sorted(backend.queues)
+        try:
+            worker = Worker(
+                backend,
+                WorkerSettings(
+                    queues=queues,
+                    concurrency=options["concurrency"],
+                    async_concurrency=options["async_concurrency"],
+                    batch=options["batch"],
+                    max_tasks=options["max_tasks"],
+                    poll_interval=options["interval"],
+                ),
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+
+        def on_signal(_signum: int, _frame: FrameType | None) -> None:
+            if worker.stopping:
+                # Second signal: leave at once; the rescuer takes back what was running.
+                os._exit(1)
+            worker.request_stop()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        code = worker.run()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # os._exit: a task thread that ignored its interrupt must not keep the process alive.
+        os._exit(code)

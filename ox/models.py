@@ -1,0 +1,132 @@
+"""The queue's tables. Status changes go through ox.sql (hot paths) and ox.operations."""
+
+from django.db import models
+from django.db.models import F, Q
+from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
+
+from ox.ids import uuid7
+
+
+class Status(models.TextChoices):
+    READY = "READY"
+    RUNNING = "RUNNING"
+    SUCCESSFUL = "SUCCESSFUL"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+FINISHED = (Status.SUCCESSFUL, Status.FAILED, Status.CANCELLED)
+
+
+class TaskQuerySet(models.QuerySet["Task"]):
+    def ready(self) -> "TaskQuerySet":
+        return self.filter(status=Status.READY)
+
+    def running(self) -> "TaskQuerySet":
+        return self.filter(status=Status.RUNNING)
+
+    def finished(self) -> "TaskQuerySet":
+        return self.filter(status__in=FINISHED)
+
+
+class Task(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    task_path = models.CharField(max_length=255)
+    queue = models.CharField(max_length=64, default="default")
+    priority = models.SmallIntegerField(default=0)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.READY)
+    args = models.JSONField(default=list)
+    kwargs = models.JSONField(default=dict)
+    run_after = models.DateTimeField()
+    enqueued_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=1)
+    # The lease: who holds the task and until when. worker_id stays after the task finishes,
+    # as the worker of its final attempt.
+    worker_id = models.CharField(max_length=128, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Bumped by every claim and every rescue; a worker's writes carry the value it claimed
+    # with, so a worker whose lease was taken cannot write its late result.
+    fence = models.PositiveIntegerField(default=0)
+    return_value = models.JSONField(null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+
+    objects = TaskQuerySet.as_manager()
+
+    class Meta:
+        db_table = "ox_task"
+        indexes = [
+            models.Index(
+                "queue",
+                F("priority").desc(),
+                "run_after",
+                "id",
+                name="ox_task_ready_claim",
+                condition=Q(status="READY"),
+            ),
+            models.Index(fields=["lease_expires_at"], name="ox_task_running_lease", condition=Q(status="RUNNING")),
+            models.Index(fields=["status", "finished_at"], name="ox_task_status_finished"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(priority__gte=TASK_MIN_PRIORITY, priority__lte=TASK_MAX_PRIORITY),
+                name="ox_task_priority_range",
+            ),
+            models.CheckConstraint(condition=Q(attempts__lte=F("max_attempts")), name="ox_task_attempts_budget"),
+            models.CheckConstraint(condition=Q(max_attempts__gte=1), name="ox_task_max_attempts_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} [{self.status}] {self.id}"
+
+
+class Outcome(models.TextChoices):
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    LOST = "lost"
+    CANCELLED = "cancelled"
+
+
+class Attempt(models.Model):
+    """An attempt that did not succeed; the happy path writes none."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="failed_attempts")
+    number = models.PositiveIntegerField()
+    worker_id = models.CharField(max_length=128, blank=True, default="")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField()
+    outcome = models.CharField(max_length=12, choices=Outcome.choices)
+    exception_class_path = models.CharField(max_length=255, blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+
+    class Meta:
+        db_table = "ox_attempt"
+        ordering = ["task", "number"]
+        indexes = [models.Index(fields=["finished_at"], name="ox_attempt_finished")]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.task_id}: {self.outcome}"
+
+
+class Worker(models.Model):
+    id = models.CharField(primary_key=True, max_length=128)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.JSONField(default=list)
+    concurrency = models.PositiveIntegerField(default=1)
+    # PostgreSQL: the worker holds a session advisory lock on this key for its life, so a
+    # rescuer can tell a dead worker from a slow one without waiting for its leases.
+    lock_key = models.IntegerField(default=0)
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "ox_worker"
+        indexes = [models.Index(fields=["heartbeat_at"], name="ox_worker_heartbeat")]
+
+    def __str__(self) -> str:
+        return self.id

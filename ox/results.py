@@ -1,0 +1,93 @@
+"""Turn a stored row (and its failed attempts) into Django's TaskResult."""
+
+from dataclasses import fields
+from typing import Any
+
+from django.tasks import Task as DjangoTask
+from django.tasks import TaskResult, TaskResultStatus
+from django.tasks.base import TaskError
+from django.tasks.exceptions import InvalidTask
+from django.utils.module_loading import import_string
+
+from ox.exceptions import TaskCancelled, class_path
+from ox.models import Attempt, Outcome, Status
+from ox.models import Task as TaskRow
+
+STATUS_FOR_DJANGO = {
+    Status.READY: TaskResultStatus.READY,
+    Status.RUNNING: TaskResultStatus.RUNNING,
+    Status.SUCCESSFUL: TaskResultStatus.SUCCESSFUL,
+    Status.FAILED: TaskResultStatus.FAILED,
+    # Django has no CANCELLED: it reads as FAILED, with a TaskError that says why.
+    Status.CANCELLED: TaskResultStatus.FAILED,
+}
+CANCELLED_BEFORE_START = "The task was cancelled before it started."
+
+
+def resolve_task(task_path: str) -> DjangoTask:
+    try:
+        task = import_string(task_path)
+    except ImportError as exc:
+        raise InvalidTask(f"Task path {task_path!r} no longer imports: {exc}") from exc
+    if not isinstance(task, DjangoTask):
+        raise InvalidTask(f"{task_path!r} is not a Task (decorate the function with @task)")
+    return task
+
+
+def with_row_settings(task: DjangoTask, priority: int, queue: str, run_after: Any) -> DjangoTask:
+    """The task as it was enqueued. Built without re-validating: the row exists whatever the
+    settings say today (a queue removed since, say)."""
+    if (task.priority, task.queue_name, task.run_after) == (priority, queue, run_after):
+        return task
+    copy = object.__new__(type(task))
+    for f in fields(task):
+        object.__setattr__(copy, f.name, getattr(task, f.name))
+    object.__setattr__(copy, "priority", priority)
+    object.__setattr__(copy, "queue_name", queue)
+    object.__setattr__(copy, "run_after", run_after)
+    return copy
+
+
+def attempts_to_load(row: TaskRow) -> bool:
+    """Whether the row can have Attempt rows; the happy path writes none, so most reads of a
+    finished task cost one query."""
+    final_attempt_in_row = row.status in (Status.RUNNING, Status.SUCCESSFUL)
+    return row.status == Status.CANCELLED or row.attempts - int(final_attempt_in_row) > 0
+
+
+def errors_and_workers(row: TaskRow, attempts: list[Attempt]) -> tuple[list[TaskError], list[str]]:
+    errors = [
+        TaskError(exception_class_path=a.exception_class_path or class_path(Exception), traceback=a.traceback)
+        for a in attempts
+    ]
+    worker_ids = [a.worker_id for a in attempts]
+    if row.status in (Status.RUNNING, Status.SUCCESSFUL):
+        worker_ids.append(row.worker_id)
+    if row.status == Status.CANCELLED and not any(a.outcome == Outcome.CANCELLED for a in attempts):
+        errors.append(TaskError(exception_class_path=class_path(TaskCancelled), traceback=CANCELLED_BEFORE_START))
+    return errors, worker_ids
+
+
+def build_result(row: TaskRow, attempts: list[Attempt], backend_alias: str, task: DjangoTask | None = None) -> TaskResult:
+    if task is None:
+        task = resolve_task(row.task_path)
+    deferred = row.run_after if row.run_after != row.enqueued_at else None
+    task = with_row_settings(task, row.priority, row.queue, deferred)
+    errors, worker_ids = errors_and_workers(row, attempts)
+    result = TaskResult(
+        task=task,
+        id=str(row.id),
+        status=STATUS_FOR_DJANGO[Status(row.status)],
+        enqueued_at=row.enqueued_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        last_attempted_at=row.last_attempted_at,
+        args=row.args,
+        kwargs=row.kwargs,
+        backend=backend_alias,
+        errors=errors,
+        worker_ids=worker_ids,
+    )
+    if row.status == Status.SUCCESSFUL:
+        object.__setattr__(result, "_return_value", row.return_value)
+    return result

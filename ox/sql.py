@@ -1,0 +1,379 @@
+"""Every raw statement ox runs, named per operation, with an explicit branch per database.
+
+The worker runs these on its own long-lived connection (ox.connection). Timestamps come from
+the worker's clock and are passed in, so PostgreSQL and SQLite compare like with like.
+"""
+
+import json
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from ox.exceptions import WorkerLost, class_path
+
+# Namespace (first key) of ox's PostgreSQL advisory locks; the second key is a worker's
+# lock_key, or 0 for the rescuer.
+LOCK_NAMESPACE = 0x6F78  # "ox"
+RESCUER_KEY = 0
+
+CLAIM_COLUMNS = (
+    "id, task_path, queue, priority, args, kwargs, run_after, enqueued_at, started_at,"
+    " last_attempted_at, attempts, max_attempts, fence"
+)
+
+
+@dataclass(slots=True)
+class Claimed:
+    id: uuid.UUID
+    task_path: str
+    queue: str
+    priority: int
+    args_json: str
+    kwargs_json: str
+    run_after: datetime
+    enqueued_at: datetime
+    started_at: datetime
+    last_attempted_at: datetime
+    attempts: int
+    max_attempts: int
+    fence: int
+
+
+@dataclass(slots=True)
+class Completion:
+    id: uuid.UUID
+    fence: int
+    return_json: str
+    finished_at: datetime
+
+
+@dataclass(slots=True)
+class Failure:
+    id: uuid.UUID
+    fence: int
+    attempt: int
+    worker_id: str
+    started_at: datetime
+    finished_at: datetime
+    outcome: str  # an ox.models.Outcome value
+    exception_class_path: str
+    traceback: str
+    retry_at: datetime | None  # None: no retry, the task is finished
+
+
+def is_postgres(conn: BaseDatabaseWrapper) -> bool:
+    return conn.vendor == "postgresql"
+
+
+def _id(conn: BaseDatabaseWrapper, value: uuid.UUID) -> object:
+    return value if is_postgres(conn) else value.hex
+
+
+def _ts(conn: BaseDatabaseWrapper, value: datetime | None) -> object:
+    return conn.ops.adapt_datetimefield_value(value)
+
+
+def _read_id(value: object) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+def _read_ts(value: object) -> datetime:
+    if isinstance(value, datetime):
+        return value if timezone.is_aware(value) else value.replace(tzinfo=timezone.UTC)
+    parsed = parse_datetime(str(value))
+    assert parsed is not None, f"unparseable timestamp {value!r}"
+    return parsed if timezone.is_aware(parsed) else parsed.replace(tzinfo=timezone.UTC)
+
+
+def _read_json_text(value: object) -> str:
+    # Django's psycopg setup loads jsonb as text, SQLite stores text: decoding (and its
+    # failure) stays with the worker, per task.
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+@contextmanager
+def transaction(conn: BaseDatabaseWrapper) -> Iterator[object]:
+    """A transaction on a connection left in autocommit; IMMEDIATE on SQLite so the write
+    lock is taken up front."""
+    with conn.cursor() as cursor:
+        cursor.execute("BEGIN" if is_postgres(conn) else "BEGIN IMMEDIATE")
+        try:
+            yield cursor
+        except BaseException:
+            cursor.execute("ROLLBACK")
+            raise
+        cursor.execute("COMMIT")
+
+
+def claim(
+    conn: BaseDatabaseWrapper,
+    worker_id: str,
+    queues: Sequence[str],
+    limit: int,
+    now: datetime,
+    lease_expires_at: datetime,
+) -> list[Claimed]:
+    """Claim up to `limit` due READY tasks in priority order, in one statement."""
+    if limit <= 0:
+        return []
+    if is_postgres(conn):
+        sql = (
+            "UPDATE ox_task SET status = 'RUNNING', attempts = attempts + 1, worker_id = %s,"
+            " lease_expires_at = %s, fence = fence + 1, started_at = COALESCE(started_at, %s),"
+            " last_attempted_at = %s, cancel_requested = false"
+            " WHERE id IN (SELECT id FROM ox_task WHERE status = 'READY' AND queue = ANY(%s)"
+            " AND run_after <= %s ORDER BY priority DESC, run_after, id LIMIT %s FOR UPDATE SKIP LOCKED)"
+            f" RETURNING {CLAIM_COLUMNS}"
+        )
+        params: list[object] = [worker_id, lease_expires_at, now, now, list(queues), now, limit]
+    else:
+        marks = ", ".join(["%s"] * len(queues))
+        sql = (
+            "UPDATE ox_task SET status = 'RUNNING', attempts = attempts + 1, worker_id = %s,"
+            " lease_expires_at = %s, fence = fence + 1, started_at = COALESCE(started_at, %s),"
+            " last_attempted_at = %s, cancel_requested = 0"
+            f" WHERE id IN (SELECT id FROM ox_task WHERE status = 'READY' AND queue IN ({marks})"
+            " AND run_after <= %s ORDER BY priority DESC, run_after, id LIMIT %s)"
+            f" RETURNING {CLAIM_COLUMNS}"
+        )
+        ts = _ts(conn, now)
+        params = [worker_id, _ts(conn, lease_expires_at), ts, ts, *queues, ts, limit]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    claimed = [
+        Claimed(
+            id=_read_id(r[0]),
+            task_path=r[1],
+            queue=r[2],
+            priority=r[3],
+            args_json=_read_json_text(r[4]),
+            kwargs_json=_read_json_text(r[5]),
+            run_after=_read_ts(r[6]),
+            enqueued_at=_read_ts(r[7]),
+            started_at=_read_ts(r[8]),
+            last_attempted_at=_read_ts(r[9]),
+            attempts=r[10],
+            max_attempts=r[11],
+            fence=r[12],
+        )
+        for r in rows
+    ]
+    # RETURNING order is unspecified on both databases: restore claim order.
+    claimed.sort(key=lambda c: (-c.priority, c.run_after, c.id))
+    return claimed
+
+
+def earliest_ready(conn: BaseDatabaseWrapper, queues: Sequence[str]) -> datetime | None:
+    """When the next READY task in these queues becomes due (None: none waiting)."""
+    if is_postgres(conn):
+        sql = "SELECT MIN(run_after) FROM ox_task WHERE status = 'READY' AND queue = ANY(%s)"
+        params: list[object] = [list(queues)]
+    else:
+        marks = ", ".join(["%s"] * len(queues))
+        sql = f"SELECT MIN(run_after) FROM ox_task WHERE status = 'READY' AND queue IN ({marks})"
+        params = list(queues)
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return _read_ts(row[0]) if row and row[0] is not None else None
+
+
+def complete(conn: BaseDatabaseWrapper, done: Sequence[Completion]) -> set[uuid.UUID]:
+    """Mark tasks SUCCESSFUL in one statement; returns the ids written (the rest were fenced out)."""
+    if not done:
+        return set()
+    if is_postgres(conn):
+        sql = (
+            "UPDATE ox_task AS t SET status = 'SUCCESSFUL', return_value = v.rv,"
+            " finished_at = v.finished_at, lease_expires_at = NULL"
+            " FROM unnest(%s::uuid[], %s::bigint[], %s::jsonb[], %s::timestamptz[])"
+            " AS v(id, fence, rv, finished_at)"
+            " WHERE t.id = v.id AND t.fence = v.fence AND t.status = 'RUNNING' RETURNING t.id"
+        )
+        params: list[object] = [
+            [d.id for d in done],
+            [d.fence for d in done],
+            [d.return_json for d in done],
+            [d.finished_at for d in done],
+        ]
+    else:
+        sql = (
+            "UPDATE ox_task SET status = 'SUCCESSFUL', return_value = json_extract(v.value, '$[2]'),"
+            " finished_at = json_extract(v.value, '$[3]'), lease_expires_at = NULL"
+            " FROM json_each(%s) AS v"
+            " WHERE ox_task.id = json_extract(v.value, '$[0]') AND ox_task.fence = json_extract(v.value, '$[1]')"
+            " AND ox_task.status = 'RUNNING' RETURNING ox_task.id"
+        )
+        payload = [[d.id.hex, d.fence, d.return_json, _ts(conn, d.finished_at)] for d in done]
+        params = [json.dumps(payload)]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {_read_id(r[0]) for r in cursor.fetchall()}
+
+
+def fail(conn: BaseDatabaseWrapper, failure: Failure) -> bool:
+    """Record a failed attempt and send the task back to READY (retry_at) or to its final
+    status. Returns False when fenced out: nothing is written."""
+    if failure.retry_at is not None:
+        status = "READY"
+    elif failure.outcome == "cancelled":
+        status = "CANCELLED"
+    else:
+        status = "FAILED"
+    finished_at = None if status == "READY" else failure.finished_at
+    run_after = failure.retry_at or failure.finished_at
+    with transaction(conn) as cursor:
+        cursor.execute(
+            "UPDATE ox_task SET status = %s, run_after = %s, finished_at = %s, lease_expires_at = NULL"
+            " WHERE id = %s AND fence = %s AND status = 'RUNNING'",
+            [status, _ts(conn, run_after), _ts(conn, finished_at), _id(conn, failure.id), failure.fence],
+        )
+        if cursor.rowcount != 1:
+            return False
+        cursor.execute(
+            "INSERT INTO ox_attempt (task_id, number, worker_id, started_at, finished_at, outcome,"
+            " exception_class_path, traceback) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            [
+                _id(conn, failure.id),
+                failure.attempt,
+                failure.worker_id,
+                _ts(conn, failure.started_at),
+                _ts(conn, failure.finished_at),
+                failure.outcome,
+                failure.exception_class_path,
+                failure.traceback,
+            ],
+        )
+    return True
+
+
+def _pairs_param(conn: BaseDatabaseWrapper, held: Iterable[tuple[uuid.UUID, int]]) -> tuple[str, list[object]]:
+    held = list(held)
+    if is_postgres(conn):
+        return (
+            "(SELECT * FROM unnest(%s::uuid[], %s::bigint[]) AS h(id, fence))",
+            [[h[0] for h in held], [h[1] for h in held]],
+        )
+    return (
+        "(SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS fence FROM json_each(%s))",
+        [json.dumps([[h[0].hex, h[1]] for h in held])],
+    )
+
+
+def renew(
+    conn: BaseDatabaseWrapper, held: Sequence[tuple[uuid.UUID, int]], lease_expires_at: datetime
+) -> dict[uuid.UUID, bool]:
+    """Extend the leases this worker still holds, in one statement. Returns {id:
+    cancel_requested} for each lease kept; an id missing from it was fenced out."""
+    if not held:
+        return {}
+    source, params = _pairs_param(conn, held)
+    sql = (
+        "UPDATE ox_task SET lease_expires_at = %s"
+        f" WHERE status = 'RUNNING' AND (id, fence) IN (SELECT id, fence FROM {source} AS h)"
+        " RETURNING id, cancel_requested"
+    )
+    with conn.cursor() as cursor:
+        cursor.execute(sql, [_ts(conn, lease_expires_at), *params])
+        return {_read_id(r[0]): bool(r[1]) for r in cursor.fetchall()}
+
+
+def hand_back(conn: BaseDatabaseWrapper, held: Sequence[tuple[uuid.UUID, int]]) -> int:
+    """Return claimed-but-unstarted tasks to READY without spending an attempt."""
+    if not held:
+        return 0
+    source, params = _pairs_param(conn, held)
+    sql = (
+        "UPDATE ox_task SET status = 'READY', attempts = attempts - 1, fence = fence + 1,"
+        " lease_expires_at = NULL, worker_id = ''"
+        f" WHERE status = 'RUNNING' AND (id, fence) IN (SELECT id, fence FROM {source} AS h)"
+    )
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+LOST_TRACEBACK = "The lease of worker {worker} on this attempt expired or its process died; the rescuer took the task back."
+
+
+def rescue(conn: BaseDatabaseWrapper, now: datetime) -> list[tuple[uuid.UUID, str, str]]:
+    """Take back RUNNING tasks whose lease expired or whose worker died: to READY, or to
+    FAILED when the attempt budget is spent, with a `lost` attempt recorded. One rescuer at a
+    time. Returns (task id, worker id, new status) per rescued task."""
+    lost_path = class_path(WorkerLost)
+    if is_postgres(conn):
+        # A live worker holds a session advisory lock on (LOCK_NAMESPACE, lock_key): if the
+        # lock is gone, its process (or connection) is gone, whatever its lease says.
+        sql = f"""
+            WITH lost AS (
+                SELECT t.id FROM ox_task t LEFT JOIN ox_worker w ON w.id = t.worker_id
+                WHERE t.status = 'RUNNING' AND (
+                    t.lease_expires_at < %(now)s
+                    OR (w.id IS NOT NULL AND w.lock_key > 0 AND NOT EXISTS (
+                        SELECT 1 FROM pg_locks l
+                        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+                          AND l.classid = {LOCK_NAMESPACE} AND l.objid = w.lock_key::oid
+                          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())))
+                )
+                FOR UPDATE OF t SKIP LOCKED
+            ), moved AS (
+                UPDATE ox_task t SET
+                    status = CASE WHEN t.attempts >= t.max_attempts THEN 'FAILED' ELSE 'READY' END,
+                    finished_at = CASE WHEN t.attempts >= t.max_attempts THEN %(now)s END,
+                    run_after = %(now)s, lease_expires_at = NULL, fence = t.fence + 1
+                FROM lost WHERE t.id = lost.id
+                RETURNING t.id, t.attempts, t.worker_id, t.last_attempted_at, t.status
+            ), recorded AS (
+                INSERT INTO ox_attempt (task_id, number, worker_id, started_at, finished_at, outcome,
+                                        exception_class_path, traceback)
+                SELECT id, attempts, worker_id, last_attempted_at, %(now)s, 'lost', %(path)s,
+                       replace(%(tb)s, '{{worker}}', worker_id)
+                FROM moved
+            )
+            SELECT id, worker_id, status FROM moved
+        """
+        with transaction(conn) as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [LOCK_NAMESPACE, RESCUER_KEY])
+            if not cursor.fetchone()[0]:
+                return []
+            cursor.execute(sql, {"now": now, "path": lost_path, "tb": LOST_TRACEBACK})
+            return [(_read_id(r[0]), r[1], r[2]) for r in cursor.fetchall()]
+    # SQLite has one writer at a time: the IMMEDIATE transaction is the rescuer's lock, and
+    # both statements see the same expired set.
+    ts = _ts(conn, now)
+    with transaction(conn) as cursor:
+        cursor.execute(
+            "INSERT INTO ox_attempt (task_id, number, worker_id, started_at, finished_at, outcome,"
+            " exception_class_path, traceback)"
+            " SELECT id, attempts, worker_id, last_attempted_at, %s, 'lost', %s, replace(%s, '{worker}', worker_id)"
+            " FROM ox_task WHERE status = 'RUNNING' AND lease_expires_at < %s",
+            [ts, lost_path, LOST_TRACEBACK, ts],
+        )
+        cursor.execute(
+            "UPDATE ox_task SET"
+            " status = CASE WHEN attempts >= max_attempts THEN 'FAILED' ELSE 'READY' END,"
+            " finished_at = CASE WHEN attempts >= max_attempts THEN %s END,"
+            " run_after = %s, lease_expires_at = NULL, fence = fence + 1"
+            " WHERE status = 'RUNNING' AND lease_expires_at < %s RETURNING id, worker_id, status",
+            [ts, ts, ts],
+        )
+        return [(_read_id(r[0]), r[1], r[2]) for r in cursor.fetchall()]
+
+
+def hold_worker_lock(conn: BaseDatabaseWrapper, lock_key: int) -> None:
+    """PostgreSQL: hold the worker's liveness lock for the life of this session."""
+    if is_postgres(conn):
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s, %s)", [LOCK_NAMESPACE, lock_key])
+
+
+def heartbeat(conn: BaseDatabaseWrapper, worker_id: str, now: datetime) -> None:
+    with conn.cursor() as cursor:
+        cursor.execute("UPDATE ox_worker SET heartbeat_at = %s WHERE id = %s", [_ts(conn, now), worker_id])
