@@ -31,7 +31,9 @@ def resolve_run_after(run_after: datetime | timedelta | None, now: datetime) -> 
     return run_after
 
 
-def build_row(backend: "OxBackend", task: DjangoTask, args: Sequence[Any], kwargs: dict[str, Any], now: datetime) -> TaskRow:
+def build_row(
+    backend: "OxBackend", task: DjangoTask, args: Sequence[Any], kwargs: dict[str, Any], now: datetime
+) -> TaskRow:
     ensure_json(list(args), "args")
     ensure_json(kwargs, "kwargs")
     max_attempts = getattr(task, "max_attempts", None) or backend.config.max_attempts

@@ -63,7 +63,9 @@ def describe(exc: BaseException) -> tuple[str, str]:
     return path, text
 
 
-def unrunnable(claimed: Claimed, message: str, *, retryable: bool = False, cause: BaseException | None = None) -> Finished:
+def unrunnable(
+    claimed: Claimed, message: str, *, retryable: bool = False, cause: BaseException | None = None
+) -> Finished:
     now = timezone.now()
     exc = TaskUnrunnable(message)
     text = f"{class_path(TaskUnrunnable)}: {message}\n"
@@ -92,7 +94,11 @@ def _signature(func: Any) -> inspect.Signature:
 
 
 def prepare(
-    claimed: Claimed, backend_alias: str, worker_id: str, history: tuple[list[TaskError], list[str]], timeout: float | None
+    claimed: Claimed,
+    backend_alias: str,
+    worker_id: str,
+    history: tuple[list[TaskError], list[str]],
+    timeout: float | None,
 ) -> "Prepared | Finished":
     """Everything that can go wrong before the call: the path, the row, the signature."""
     try:
@@ -230,9 +236,11 @@ class AsyncRunner:
                     value = await inner
             except TimeoutError as exc:
                 if scope.expired():
-                    return _finish_error(prep, started, TaskTimeout(f"timed out after {prep.timeout} s"), Outcome.TIMED_OUT)
+                    return _finish_error(
+                        prep, started, TaskTimeout(f"timed out after {prep.timeout} s"), Outcome.TIMED_OUT
+                    )
                 return _finish_error(prep, started, exc, Outcome.FAILED)
-            except asyncio.CancelledError as exc:
+            except asyncio.CancelledError:
                 reason = self._reasons.get(key)
                 if reason is None:
                     raise  # the loop itself is shutting down

@@ -12,7 +12,6 @@ import uuid
 from ox.exceptions import TaskInterrupt
 
 
-
 def _raise_in(thread_id: int, exc_type: type[BaseException] | None) -> None:
     if exc_type is None:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.c_void_p(0))

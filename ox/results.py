@@ -68,7 +68,9 @@ def errors_and_workers(row: TaskRow, attempts: list[Attempt]) -> tuple[list[Task
     return errors, worker_ids
 
 
-def build_result(row: TaskRow, attempts: list[Attempt], backend_alias: str, task: DjangoTask | None = None) -> TaskResult:
+def build_result(
+    row: TaskRow, attempts: list[Attempt], backend_alias: str, task: DjangoTask | None = None
+) -> TaskResult:
     if task is None:
         task = resolve_task(row.task_path)
     deferred = row.run_after if row.run_after != row.enqueued_at else None

@@ -300,7 +300,9 @@ def hand_back(conn: BaseDatabaseWrapper, held: Sequence[tuple[uuid.UUID, int]]) 
         return cursor.rowcount
 
 
-LOST_TRACEBACK = "The lease of worker {worker} on this attempt expired or its process died; the rescuer took the task back."
+LOST_TRACEBACK = (
+    "The lease of worker {worker} on this attempt expired or its process died; the rescuer took the task back."
+)
 
 
 def rescue(conn: BaseDatabaseWrapper, now: datetime) -> list[tuple[uuid.UUID, str, str]]:

@@ -35,7 +35,6 @@ from ox.execution import SUCCESSFUL, AsyncRunner, Finished, Prepared, prepare, r
 from ox.interrupt import Interrupter
 from ox.models import Attempt, Outcome
 from ox.models import Worker as WorkerRow
-from ox.results import errors_and_workers
 
 logger = logging.getLogger("ox.worker")
 
@@ -73,7 +72,13 @@ class Stats:
 
 def _log(level: int, message: str, claimed: Any = None, worker: str = "", **fields: Any) -> None:
     if claimed is not None:
-        fields = {"task_id": claimed.id, "task": claimed.task_path, "queue": claimed.queue, "attempt": claimed.attempts, **fields}
+        fields = {
+            "task_id": claimed.id,
+            "task": claimed.task_path,
+            "queue": claimed.queue,
+            "attempt": claimed.attempts,
+            **fields,
+        }
     if worker:
         fields["worker"] = worker
     suffix = " ".join(f"{k}={v}" for k, v in fields.items())
@@ -149,8 +154,13 @@ class Worker:
         self.async_loop = asyncio.new_event_loop()
         self.async_runner = AsyncRunner(self.async_loop)
         threading.Thread(target=self.async_loop.run_forever, name="ox-async", daemon=True).start()
-        _log(logging.INFO, "worker started", worker=self.id, queues=",".join(self.settings.queues),
-             concurrency=self.settings.concurrency)
+        _log(
+            logging.INFO,
+            "worker started",
+            worker=self.id,
+            queues=",".join(self.settings.queues),
+            concurrency=self.settings.concurrency,
+        )
 
     def _connect(self) -> None:
         self.conn = open_worker_connection(self.alias)
@@ -283,7 +293,9 @@ class Worker:
             return
         self._flush()  # completions first: a claim never outruns the outcomes it owes
         now = timezone.now()
-        claimed = sql.claim(self.conn, self.id, self.settings.queues, want, now, now + timedelta(seconds=self.options.lease))
+        claimed = sql.claim(
+            self.conn, self.id, self.settings.queues, want, now, now + timedelta(seconds=self.options.lease)
+        )
         self.stats.claimed += len(claimed)
         self.more_waiting = len(claimed) == want
         if not self.more_waiting:
@@ -379,8 +391,9 @@ class Worker:
         retry_at: datetime | None = None
         note = ""
         if finished.kind != Outcome.CANCELLED and finished.retryable and claimed.attempts < claimed.max_attempts:
-            delay, note = retry_delay(finished.task, finished.exception or Exception(), finished.result,
-                                      claimed.attempts, self.options)
+            delay, note = retry_delay(
+                finished.task, finished.exception or Exception(), finished.result, claimed.attempts, self.options
+            )
             if delay is not None:
                 retry_at = finished.finished_at + timedelta(seconds=delay)
                 self.batch_hold_until = max(self.batch_hold_until, time.monotonic() + delay + 0.5)
@@ -403,16 +416,24 @@ class Worker:
             self._fenced_out(finished)
             return
         first_line = finished.traceback.strip().splitlines()[-1] if finished.traceback.strip() else finished.kind
-        _log(logging.WARNING if retry_at else logging.ERROR,
-             f"attempt {finished.kind}, {'retry at ' + retry_at.isoformat() if retry_at else 'no retry'}: {first_line}",
-             claimed, self.id)
+        _log(
+            logging.WARNING if retry_at else logging.ERROR,
+            f"attempt {finished.kind}, {'retry at ' + retry_at.isoformat() if retry_at else 'no retry'}: {first_line}",
+            claimed,
+            self.id,
+        )
         if retry_at is None:
             self._finished_signal(finished, TaskResultStatus.FAILED)
 
     def _fenced_out(self, finished: Finished) -> None:
         self.stats.fenced_out += 1
-        _log(logging.WARNING, "fenced out: the lease was taken back, this outcome is not written",
-             finished.claimed, self.id, outcome=finished.kind)
+        _log(
+            logging.WARNING,
+            "fenced out: the lease was taken back, this outcome is not written",
+            finished.claimed,
+            self.id,
+            outcome=finished.kind,
+        )
 
     def _finished_signal(self, finished: Finished, status: TaskResultStatus) -> None:
         result = finished.result
@@ -423,7 +444,9 @@ class Worker:
         if status == TaskResultStatus.SUCCESSFUL:
             object.__setattr__(result, "_return_value", json.loads(finished.return_json))
         else:
-            result.errors.append(TaskError(exception_class_path=finished.exception_class_path, traceback=finished.traceback))
+            result.errors.append(
+                TaskError(exception_class_path=finished.exception_class_path, traceback=finished.traceback)
+            )
         try:
             task_finished.send(self.sender, task_result=result)
         except Exception as exc:  # noqa: BLE001
@@ -438,8 +461,14 @@ class Worker:
         if now >= self.next_rescue:
             self.next_rescue = now + self.options.rescue_interval
             for task_id, worker_id, status in sql.rescue(self.conn, timezone.now()):
-                _log(logging.WARNING, "rescued a lost task", worker=self.id, task_id=task_id, lost_worker=worker_id,
-                     status=status)
+                _log(
+                    logging.WARNING,
+                    "rescued a lost task",
+                    worker=self.id,
+                    task_id=task_id,
+                    lost_worker=worker_id,
+                    status=status,
+                )
         self._enforce_timeouts(now)
 
     def _held(self) -> list[tuple[uuid.UUID, int]]:
@@ -461,8 +490,12 @@ class Worker:
         running = self.running.get(task_id)
         if running is not None:
             running.lost = True
-            _log(logging.WARNING, "lease lost while running; the outcome will be fenced out",
-                 running.prep.claimed, self.id)
+            _log(
+                logging.WARNING,
+                "lease lost while running; the outcome will be fenced out",
+                running.prep.claimed,
+                self.id,
+            )
             return
         self.buffer = deque(p for p in self.buffer if p.claimed.id != task_id)
 
@@ -477,10 +510,18 @@ class Worker:
             if prep.claimed.id == task_id:
                 self.buffer.remove(prep)
                 now = timezone.now()
-                self._record(Finished(claimed=prep.claimed, kind=Outcome.CANCELLED, started_at=now, finished_at=now,
-                                      exception_class_path="ox.exceptions.TaskCancelled",
-                                      traceback="ox.exceptions.TaskCancelled: cancelled before it started\n",
-                                      task=prep.task, result=prep.result))
+                self._record(
+                    Finished(
+                        claimed=prep.claimed,
+                        kind=Outcome.CANCELLED,
+                        started_at=now,
+                        finished_at=now,
+                        exception_class_path="ox.exceptions.TaskCancelled",
+                        traceback="ox.exceptions.TaskCancelled: cancelled before it started\n",
+                        task=prep.task,
+                        result=prep.result,
+                    )
+                )
 
     def _interrupt(self, running: Running, exc_type: type[TaskCancelled] | type[TaskTimeout]) -> None:
         task_id = running.prep.claimed.id
@@ -495,8 +536,12 @@ class Worker:
             if running.interrupted_at is not None:
                 if not self.stuck and now - running.interrupted_at > self.options.interrupt_grace:
                     self.stuck = True
-                    _log(logging.ERROR, "task ignored its interrupt; the worker stops claiming and will exit",
-                         running.prep.claimed, self.id)
+                    _log(
+                        logging.ERROR,
+                        "task ignored its interrupt; the worker stops claiming and will exit",
+                        running.prep.claimed,
+                        self.id,
+                    )
                 continue
             if running.deadline is not None and now >= running.deadline:
                 running.interrupted_at = now
@@ -508,5 +553,3 @@ class Worker:
             count = sql.hand_back(self.conn, held)
             _log(logging.INFO, "handed back claimed tasks that had not started", worker=self.id, count=count)
         self.buffer.clear()
-
-

@@ -1,0 +1,81 @@
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_url() -> str:
+    """The test database, as a URL a worker subprocess can use."""
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    host = s.get("HOST") or "127.0.0.1"
+    return f"postgres://{s['USER']}@{host}:{s.get('PORT') or 5432}/{s['NAME']}"
+
+
+class WorkerProcess:
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self._log_file = log.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "runworker", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def signal(self, signum: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signum)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def output(self) -> str:
+        self._log_file.flush()
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._log_file.close()
+
+
+@pytest.fixture
+def worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=database_url(),
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        PYTHONUNBUFFERED="1",
+        OX_LOG_LEVEL=os.environ.get("OX_LOG_LEVEL", "INFO"),
+    )
+    return env
+
+
+@pytest.fixture
+def start_worker(worker_env, tmp_path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start `manage.py runworker` subprocesses; every one is killed (by pid) at teardown."""
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        log = tmp_path / f"worker-{len(started)}.log"
+        worker = WorkerProcess(list(args), {**worker_env, **(env or {})}, log)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
