@@ -29,6 +29,7 @@ from ox import sql
 from ox.backend import OxBackend
 from ox.backoff import retry_delay
 from ox.connection import open_worker_connection
+from ox.duties import Duty, worker_duties
 from ox.enqueue import database_for
 from ox.exceptions import TaskCancelled, TaskTimeout
 from ox.execution import SUCCESSFUL, AsyncRunner, Finished, Prepared, prepare, run_sync
@@ -117,6 +118,7 @@ class Worker:
         self.async_loop: asyncio.AbstractEventLoop | None = None
         self.async_runner: AsyncRunner | None = None
         self.sender = type(backend)
+        self.duties: list[tuple[Duty, list[float]]] = []  # (duty, [next run, monotonic])
 
     # ---------------------------------------------------------------- life cycle
     def request_stop(self) -> None:
@@ -150,6 +152,7 @@ class Worker:
             started_at=now,
             heartbeat_at=now,
         )
+        self.duties = [(duty, [0.0]) for duty in worker_duties(self)]
         self.pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="ox-task")
         self.async_loop = asyncio.new_event_loop()
         self.async_runner = AsyncRunner(self.async_loop)
@@ -259,7 +262,7 @@ class Worker:
             return 0.0
         if self._may_claim() and (sync_free > 0 or async_free > 0):
             return 0.0
-        deadlines = [self.next_heartbeat, self.next_rescue]
+        deadlines = [self.next_heartbeat, self.next_rescue, *(next_run[0] for _duty, next_run in self.duties)]
         if not self.more_waiting:
             deadlines.append(self.next_poll)
         if self.to_complete and self.flush_due is not None:
@@ -470,6 +473,15 @@ class Worker:
                     status=status,
                 )
         self._enforce_timeouts(now)
+        for duty, next_run in self.duties:
+            if now >= next_run[0]:
+                next_run[0] = now + duty.interval
+                try:
+                    duty.run(self.conn, timezone.now())
+                except (OperationalError, InterfaceError):
+                    raise
+                except Exception as exc:  # noqa: BLE001  (a duty's bug must not stop the tasks)
+                    _log(logging.ERROR, f"duty {duty.name} failed: {exc!r}", worker=self.id)
 
     def _held(self) -> list[tuple[uuid.UUID, int]]:
         held = [(r.prep.claimed.id, r.prep.claimed.fence) for r in self.running.values() if not r.lost]
