@@ -113,6 +113,7 @@ class Worker:
         self.next_heartbeat = 0.0
         self.next_rescue = 0.0
         self.batch_hold_until = 0.0  # batch mode waits for the retries it scheduled
+        self.last_claim_at = 0.0
         self.conn: Any = None
         self.pool: ThreadPoolExecutor | None = None
         self.async_loop: asyncio.AbstractEventLoop | None = None
@@ -180,7 +181,8 @@ class Worker:
         if self.settings.max_tasks is not None and self.stats.claimed >= self.settings.max_tasks and not busy:
             return True
         if self.settings.batch and not busy and not self.more_waiting:
-            return time.monotonic() >= self.batch_hold_until
+            # ...and the last claim came after the retries this worker scheduled were due.
+            return self.last_claim_at >= self.batch_hold_until
         return False
 
     def _finish(self) -> int:
@@ -296,6 +298,7 @@ class Worker:
             return
         self._flush()  # completions first: a claim never outruns the outcomes it owes
         now = timezone.now()
+        self.last_claim_at = time.monotonic()
         claimed = sql.claim(
             self.conn, self.id, self.settings.queues, want, now, now + timedelta(seconds=self.options.lease)
         )
@@ -399,7 +402,8 @@ class Worker:
             )
             if delay is not None:
                 retry_at = finished.finished_at + timedelta(seconds=delay)
-                self.batch_hold_until = max(self.batch_hold_until, time.monotonic() + delay + 0.5)
+                self.batch_hold_until = max(self.batch_hold_until, time.monotonic() + delay)
+                self.next_poll = min(self.next_poll, time.monotonic() + delay)
         written = sql.fail(
             self.conn,
             sql.Failure(

@@ -1,0 +1,213 @@
+"""Read-only queries for operators: queue depth, throughput, leases, workers, one task's history.
+
+Every function costs a fixed, small number of queries, each on an index: READY counts read the
+partial claim index, RUNNING rows the partial lease index, and recent outcomes a range of the
+(status, finished_at) index. Nothing here scans the finished history, however long it grows.
+"""
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db.models import Count, Min, Q
+from django.db.models.functions import TruncMinute
+from django.tasks import task_backends
+from django.utils import timezone
+
+from ox.backend import OxBackend
+from ox.models import Attempt, Status, Task, Worker
+
+WINDOW = timedelta(hours=1)  # throughput, failure rate and the per-minute chart
+FAILED_WINDOW = timedelta(hours=24)
+STALE_HEARTBEATS = 3  # a worker this many heartbeat intervals silent is stale
+
+
+@dataclass
+class QueueStats:
+    queue: str
+    ready: int = 0  # due now
+    scheduled: int = 0  # READY with a future run_after
+    running: int = 0
+    failed_24h: int = 0
+    oldest_ready_at: datetime | None = None  # the earliest run_after among due READY tasks
+    succeeded_1h: int = 0
+    failed_1h: int = 0
+
+    @property
+    def finished_1h(self) -> int:
+        return self.succeeded_1h + self.failed_1h
+
+    @property
+    def throughput(self) -> float:
+        """Tasks finished per minute over the last hour."""
+        return self.finished_1h / (WINDOW.total_seconds() / 60)
+
+    @property
+    def failure_rate(self) -> float | None:
+        return self.failed_1h / self.finished_1h if self.finished_1h else None
+
+    def add(self, other: "QueueStats") -> None:
+        for name in ("ready", "scheduled", "running", "failed_24h", "succeeded_1h", "failed_1h"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        if other.oldest_ready_at and (self.oldest_ready_at is None or other.oldest_ready_at < self.oldest_ready_at):
+            self.oldest_ready_at = other.oldest_ready_at
+
+
+@dataclass
+class Overview:
+    now: datetime
+    queues: list[QueueStats]
+    total: QueueStats
+    minutes: list[datetime] = field(default_factory=list)  # the chart's buckets, oldest first
+    succeeded_per_minute: list[int] = field(default_factory=list)
+    failed_per_minute: list[int] = field(default_factory=list)
+
+
+def configured_queues() -> list[str]:
+    """Queues named by the ox backends in TASKS, in settings order."""
+    seen: dict[str, None] = {}
+    for backend in task_backends.all():
+        if isinstance(backend, OxBackend):
+            seen.update(dict.fromkeys(backend.queues or ()))
+    return list(seen)
+
+
+def overview(now: datetime | None = None, using: str | None = None) -> Overview:
+    """Per-queue depth and recent outcomes, and the last hour per minute: four queries."""
+    now = now or timezone.now()
+    tasks = Task.objects.using(using)
+    per_queue: dict[str, QueueStats] = {q: QueueStats(q) for q in configured_queues()}
+
+    def stats(queue: str) -> QueueStats:
+        return per_queue.setdefault(queue, QueueStats(queue))
+
+    ready = (
+        tasks.ready()
+        .values("queue")
+        .annotate(
+            due=Count("pk", filter=Q(run_after__lte=now)),
+            later=Count("pk", filter=Q(run_after__gt=now)),
+            oldest=Min("run_after", filter=Q(run_after__lte=now)),
+        )
+        .order_by()
+    )
+    for row in ready:
+        s = stats(row["queue"])
+        s.ready, s.scheduled, s.oldest_ready_at = row["due"], row["later"], row["oldest"]
+    for row in tasks.running().values("queue").annotate(n=Count("pk")).order_by():
+        stats(row["queue"]).running = row["n"]
+    failed = tasks.filter(status=Status.FAILED, finished_at__gte=now - FAILED_WINDOW)
+    for row in failed.values("queue").annotate(n=Count("pk")).order_by():
+        stats(row["queue"]).failed_24h = row["n"]
+
+    # One grouped read serves both the per-queue hour and the chart: at most
+    # queues x 2 statuses x 60 minutes rows come back.
+    start = (now - WINDOW).replace(second=0, microsecond=0) + timedelta(minutes=1)
+    minutes = [start + timedelta(minutes=i) for i in range(int(WINDOW.total_seconds() // 60))]
+    index = {m: i for i, m in enumerate(minutes)}
+    succeeded, failed_pm = [0] * len(minutes), [0] * len(minutes)
+    recent = (
+        tasks.filter(status__in=(Status.SUCCESSFUL, Status.FAILED), finished_at__gte=start)
+        .annotate(minute=TruncMinute("finished_at"))
+        .values("queue", "status", "minute")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    for row in recent:
+        s = stats(row["queue"])
+        i = index.get(row["minute"])
+        if row["status"] == Status.SUCCESSFUL:
+            s.succeeded_1h += row["n"]
+            if i is not None:
+                succeeded[i] += row["n"]
+        else:
+            s.failed_1h += row["n"]
+            if i is not None:
+                failed_pm[i] += row["n"]
+
+    total = QueueStats("all")
+    for s in per_queue.values():
+        total.add(s)
+    queues = sorted(per_queue.values(), key=lambda s: s.queue)
+    return Overview(now, queues, total, minutes, succeeded, failed_pm)
+
+
+def leases(limit: int = 200, using: str | None = None) -> tuple[list[Task], int]:
+    """RUNNING tasks, soonest lease expiry first, and how many there are."""
+    running = Task.objects.using(using).running()
+    rows = list(
+        running.order_by("lease_expires_at").only(
+            "id",
+            "task_path",
+            "queue",
+            "status",
+            "worker_id",
+            "attempts",
+            "max_attempts",
+            "last_attempted_at",
+            "lease_expires_at",
+            "cancel_requested",
+        )[:limit]
+    )
+    return rows, (len(rows) if len(rows) < limit else running.count())
+
+
+@dataclass
+class WorkerState:
+    worker: Worker
+    in_flight: int
+    heartbeat_age: float  # seconds
+    stale: bool
+
+    @property
+    def state(self) -> str:
+        if self.worker.stopped_at:
+            return "stopped"
+        return "stale" if self.stale else "live"
+
+
+def heartbeat_interval() -> float:
+    intervals = [b.config.heartbeat for b in task_backends.all() if isinstance(b, OxBackend)]
+    return max(intervals, default=3.0)
+
+
+def workers(
+    now: datetime | None = None, recent: timedelta = timedelta(hours=1), limit: int = 100, using: str | None = None
+) -> list[WorkerState]:
+    """Workers that have not stopped, plus those seen within `recent`; live ones first."""
+    now = now or timezone.now()
+    rows = list(
+        Worker.objects.using(using).filter(Q(stopped_at__isnull=True) | Q(heartbeat_at__gte=now - recent)).order_by("-heartbeat_at")[
+            :limit
+        ]
+    )
+    tasks = Task.objects.using(using)
+    in_flight = dict(
+        tasks.running()
+        .filter(worker_id__in=[w.id for w in rows])
+        .values("worker_id")
+        .annotate(n=Count("pk"))
+        .order_by()
+        .values_list("worker_id", "n")
+    )
+    stale_after = STALE_HEARTBEATS * heartbeat_interval()
+    states = []
+    for w in rows:
+        age = (now - w.heartbeat_at).total_seconds()
+        states.append(WorkerState(w, in_flight.get(w.id, 0), age, w.stopped_at is not None or age > stale_after))
+    states.sort(key=lambda s: (s.state != "live", -s.worker.heartbeat_at.timestamp()))
+    return states
+
+
+def find_task(pk: str | uuid.UUID, using: str | None = None) -> Task | None:
+    try:
+        pk = uuid.UUID(str(pk))
+    except ValueError:
+        return None
+    return Task.objects.using(using).filter(pk=pk).first()
+
+
+def attempts_of(task: Task) -> list[Attempt]:
+    """The attempts that did not succeed, in order. The final successful or current attempt
+    has no row: its facts live on the task (worker_id, last_attempted_at, finished_at)."""
+    return list(task.failed_attempts.order_by("number", "id"))
