@@ -130,3 +130,21 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class Tick(models.Model):
+    """One row per fired tick of a periodic schedule. The unique (schedule, tick_at) pair is
+    what makes a tick fire once however many workers race for it."""
+
+    schedule = models.CharField(max_length=100)
+    tick_at = models.DateTimeField()  # the tick's due time, as the schedule computes it
+    fired_at = models.DateTimeField()
+    task_id = models.UUIDField(null=True, blank=True)  # no FK: pruning tasks keeps the ticks
+    missed = models.PositiveIntegerField(default=0)  # ticks skipped just before this one
+
+    class Meta:
+        db_table = "ox_tick"
+        constraints = [models.UniqueConstraint(fields=["schedule", "tick_at"], name="ox_tick_once")]
+
+    def __str__(self) -> str:
+        return f"{self.schedule} @ {self.tick_at.isoformat()}"
