@@ -1,9 +1,12 @@
 """Typed view of a backend's TASKS[alias]["OPTIONS"], with defaults and validation."""
 
 from dataclasses import dataclass, field, fields
+from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+
+PRUNABLE = ("SUCCESSFUL", "FAILED", "CANCELLED")  # ox.models.FINISHED, without importing models
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,17 @@ class OxOptions:
     completion_batch: int = 100
     completion_flush_ms: float = 5.0
     notify: bool = True  # PostgreSQL: NOTIFY idle workers at enqueue commit
+    # Operations (ox.periodic, ox.prune, ox.health), validated by validate_operations().
+    schedules: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> ox.schedules spec
+    prune: dict[str, Any] = field(default_factory=dict)  # finished status -> retention ("7d" or seconds)
+    prune_interval: float = 600.0  # seconds between a worker's pruning rounds
+    prune_batch: int = 1000  # rows deleted per transaction
+    worker_stale_after: float = 60.0  # a running worker silent this long is stale
+    health_max_backlog: int = 10000  # due READY tasks
+    health_max_ready_age: float = 300.0  # seconds the oldest due READY task has waited
+    health_max_stale_workers: int = 0
+    health_min_workers: int = 0  # alive workers required
+    health_max_xact_age: float = 3600.0  # PostgreSQL: oldest open transaction holding back VACUUM
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "OxOptions":
@@ -57,6 +71,43 @@ class OxOptions:
             raise ImproperlyConfigured(f"ox OPTIONS PREFETCH must be an integer >= 0, got {self.prefetch!r}")
         if not isinstance(self.completion_batch, int) or self.completion_batch < 1:
             raise ImproperlyConfigured("ox OPTIONS COMPLETION_BATCH must be an integer >= 1")
+        self.validate_operations()
+
+    def validate_operations(self) -> None:
+        from ox.durations import parse_duration
+        from ox.schedules import parse_schedules
+
+        def count(name: str, minimum: int) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise ImproperlyConfigured(f"ox OPTIONS {name.upper()} must be an integer >= {minimum}, got {value!r}")
+
+        for name in ("prune_interval", "worker_stale_after", "health_max_ready_age", "health_max_xact_age"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise ImproperlyConfigured(f"ox OPTIONS {name.upper()} must be a positive number, got {value!r}")
+        count("prune_batch", 1)
+        count("health_max_backlog", 0)
+        count("health_max_stale_workers", 0)
+        count("health_min_workers", 0)
+        if not isinstance(self.prune, dict):
+            raise ImproperlyConfigured(f"ox OPTIONS PRUNE must be a dict of status -> retention, got {self.prune!r}")
+        for status, retention in self.prune.items():
+            if status not in PRUNABLE:
+                raise ImproperlyConfigured(
+                    f"ox OPTIONS PRUNE: {status!r} is not a finished status ({', '.join(PRUNABLE)})"
+                )
+            try:
+                parse_duration(retention)
+            except ValueError as exc:
+                raise ImproperlyConfigured(f"ox OPTIONS PRUNE[{status!r}]: {exc}") from exc
+        # Last: a ScheduleError carries its own check id (ox.E002/ox.E003).
+        parse_schedules(self.schedules)
+
+    def prune_rules(self) -> dict[str, timedelta]:
+        from ox.durations import parse_duration
+
+        return {status: parse_duration(retention) for status, retention in self.prune.items()}
 
     def timeout_for(self, queue: str, task_timeout: float | None) -> float | None:
         if task_timeout is not None:
