@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from ox.backend import OxBackend
 from ox.models import Attempt, Status, Task, Worker
+from ox.results import attempts_to_load
 
 WINDOW = timedelta(hours=1)  # throughput, failure rate and the per-minute chart
 FAILED_WINDOW = timedelta(hours=24)
@@ -177,9 +178,9 @@ def workers(
     """Workers that have not stopped, plus those seen within `recent`; live ones first."""
     now = now or timezone.now()
     rows = list(
-        Worker.objects.using(using).filter(Q(stopped_at__isnull=True) | Q(heartbeat_at__gte=now - recent)).order_by("-heartbeat_at")[
-            :limit
-        ]
+        Worker.objects.using(using)
+        .filter(Q(stopped_at__isnull=True) | Q(heartbeat_at__gte=now - recent))
+        .order_by("-heartbeat_at")[:limit]
     )
     tasks = Task.objects.using(using)
     in_flight = dict(
@@ -210,4 +211,13 @@ def find_task(pk: str | uuid.UUID, using: str | None = None) -> Task | None:
 def attempts_of(task: Task) -> list[Attempt]:
     """The attempts that did not succeed, in order. The final successful or current attempt
     has no row: its facts live on the task (worker_id, last_attempted_at, finished_at)."""
+    if not attempts_to_load(task):
+        return []
     return list(task.failed_attempts.order_by("number", "id"))
+
+
+def id_floor(moment: datetime) -> uuid.UUID:
+    """The smallest task id minted at `moment`: ids are UUIDv7, so their leading 48 bits are the
+    enqueue time in milliseconds and an id range is an enqueue-time range on the primary key."""
+    ms = max(0, int(moment.timestamp() * 1000))
+    return uuid.UUID(int=(ms & 0xFFFF_FFFF_FFFF) << 80)

@@ -135,3 +135,11 @@ LOGGING = {
         "django.tasks": {"level": "WARNING"},
     },
 }
+
+# whitenoise serves the collected static files (htmx, chart.js, the dashboard's CSS/JS) from
+# gunicorn, gzip/brotli-compressed. Not the manifest variant: the vendored files carry their
+# version in their names, and tests render templates without running collectstatic first.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}

@@ -1,0 +1,95 @@
+"""Retry and cancel: POST only, ox.change_task only, and always through ox.operations, the
+same functions the admin's actions call."""
+
+import uuid
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+
+from dashboard.access import change_task_required, staff_required
+from dashboard.filters import TaskFilter
+from ox import operations
+from ox.models import Task
+from ox.operations import RETRYABLE, Changed
+
+ACTIONS = {"retry": operations.retry, "cancel": operations.cancel}
+
+
+def describe(changed: Changed, asked: int) -> str:
+    parts = []
+    if changed.retried:
+        parts.append(f"{changed.retried} retried")
+    if changed.cancelled:
+        parts.append(f"{changed.cancelled} cancelled")
+    if changed.cancel_requested:
+        parts.append(f"{changed.cancel_requested} running asked to cancel")
+    unchanged = asked - changed.retried - changed.cancelled - changed.cancel_requested
+    if unchanged > 0:
+        parts.append(f"{unchanged} unchanged (not in a state that allows it)")
+    return "; ".join(parts) or "Nothing changed."
+
+
+def back(request: HttpRequest, default: str) -> HttpResponseRedirect:
+    target = request.POST.get("next", "")
+    safe = url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure())
+    return HttpResponseRedirect(target if safe and target else default)
+
+
+def _report(request: HttpRequest, changed: Changed, asked: int) -> None:
+    (messages.success if changed else messages.warning)(request, describe(changed, asked))
+
+
+@change_task_required
+def act_on_task(request: HttpRequest, pk: uuid.UUID, action: str) -> HttpResponse:
+    changed = ACTIONS[action](Task.objects.filter(pk=pk))
+    _report(request, changed, 1)
+    return back(request, reverse("dashboard:task", args=[pk]))
+
+
+@change_task_required
+def bulk(request: HttpRequest) -> HttpResponse:
+    action = request.POST.get("action", "")
+    if action not in ACTIONS:
+        return HttpResponseBadRequest("action must be retry or cancel")
+    try:
+        ids = {uuid.UUID(raw) for raw in request.POST.getlist("ids")}
+    except ValueError:
+        return HttpResponseBadRequest("ids must be task ids")
+    if ids:
+        _report(request, ACTIONS[action](Task.objects.filter(pk__in=ids)), len(ids))
+    else:
+        messages.warning(request, "Select some tasks first.")
+    return back(request, reverse("dashboard:tasks"))
+
+
+@staff_required
+def retry_matching(request: HttpRequest) -> HttpResponse:
+    """GET: how many retryable tasks the filter matches, and a form to confirm. POST: retry them,
+    re-applying the same filter (so a task that changed state meanwhile is left alone)."""
+    data = request.POST if request.method == "POST" else request.GET
+    filterset = TaskFilter(data, queryset=Task.objects.all())
+    if not filterset.is_valid():
+        return render(request, "dashboard/retry_matching.html", {"filter": filterset, "count": 0}, status=400)
+    matching = filterset.qs.filter(status__in=RETRYABLE)
+    if request.method == "POST":
+        return _retry_matching(request, matching, filterset)
+    query = request.GET.urlencode()
+    context = {"filter": filterset, "count": matching.count(), "query": query}
+    return render(request, "dashboard/retry_matching.html", context)
+
+
+@change_task_required
+def _retry_matching(request: HttpRequest, matching: object, filterset: TaskFilter) -> HttpResponse:
+    expected = request.POST.get("expected", "")
+    changed = operations.retry(matching)
+    message = describe(changed, changed.retried)
+    if expected.isdigit() and int(expected) != changed.retried:
+        message += f" (the confirmation showed {expected}; tasks changed state in between)"
+    (messages.success if changed else messages.warning)(request, message)
+    query = filterset.data.copy()
+    for key in ("csrfmiddlewaretoken", "expected", "next", "page"):
+        query.pop(key, None)
+    return HttpResponseRedirect(f"{reverse('dashboard:tasks')}?{query.urlencode()}")

@@ -1,0 +1,19 @@
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+
+from dashboard.access import staff_required
+from dashboard.rendering import render_page
+from ox import stats
+
+
+@staff_required
+def workers(request: HttpRequest) -> HttpResponse:
+    now = timezone.now()
+    states = stats.workers(now)
+    context = {
+        "workers": states,
+        "live_count": sum(s.state == "live" for s in states),
+        "stale_after": stats.STALE_HEARTBEATS * stats.heartbeat_interval(),
+        "now": now,
+    }
+    return render_page(request, "dashboard/workers.html", context, "live")

@@ -1,0 +1,110 @@
+"""The Task and Worker admin: actions go through ox.operations, need change_task, report counts."""
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.urls import reverse
+from django.utils import timezone
+
+from ox.models import Attempt, Outcome, Status, Task, Worker
+from tests.test_dashboard_support import make_task
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "admin:ox_task_changelist"
+
+
+def staff_with(*codenames: str) -> User:
+    user = User.objects.create_user("admin-user", password="pw", is_staff=True)
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(codename=codename, content_type__app_label="ox"))
+    return user
+
+
+@pytest.fixture
+def admin_client(client):
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    return client
+
+
+def test_changelist_filters_search_and_dates(admin_client):
+    task = make_task(Status.FAILED, path="tests.tasks.always_fails")
+    make_task(Status.READY)
+    url = reverse(CHANGELIST)
+    assert admin_client.get(url).status_code == 200
+    response = admin_client.get(url, {"status__exact": "FAILED"})
+    assert list(response.context["cl"].result_list) == [task]
+    response = admin_client.get(url, {"q": "always_fails"})
+    assert list(response.context["cl"].result_list) == [task]
+    response = admin_client.get(url, {"q": str(task.pk)})
+    assert list(response.context["cl"].result_list) == [task]
+    assert b"date_hierarchy" in response.content or response.context["cl"].date_hierarchy == "enqueued_at"
+
+
+def test_change_page_shows_attempt_tracebacks_as_pre(admin_client):
+    task = make_task(Status.FAILED)
+    Attempt.objects.create(
+        task=task,
+        number=1,
+        finished_at=timezone.now(),
+        outcome=Outcome.FAILED,
+        exception_class_path="builtins.ValueError",
+        traceback="Traceback (most recent call last):\n  <script>x</script>\nValueError: bad",
+    )
+    body = admin_client.get(reverse("admin:ox_task_change", args=[task.pk])).content.decode()
+    assert "<pre" in body and "ValueError: bad" in body
+    assert "&lt;script&gt;x&lt;/script&gt;" in body
+
+
+def test_retry_action_reports_counts(admin_client):
+    failed = [make_task(Status.FAILED) for _ in range(2)]
+    done = make_task(Status.SUCCESSFUL)
+    data = {"action": "retry_tasks", "_selected_action": [t.pk for t in [*failed, done]]}
+    response = admin_client.post(reverse(CHANGELIST), data, follow=True)
+    assert [str(m) for m in response.context["messages"]] == [
+        "3 selected: 2 retried; 1 unchanged (not in a state that allows it)."
+    ]
+    assert Task.objects.filter(status=Status.READY).count() == 2
+
+
+def test_cancel_action_reports_counts(admin_client):
+    ready, running = make_task(Status.READY), make_task(Status.RUNNING)
+    data = {"action": "cancel_tasks", "_selected_action": [ready.pk, running.pk]}
+    response = admin_client.post(reverse(CHANGELIST), data, follow=True)
+    assert [str(m) for m in response.context["messages"]] == ["2 selected: 1 cancelled; 1 running asked to cancel."]
+    running.refresh_from_db()
+    assert running.cancel_requested
+
+
+def test_actions_need_change_task(client):
+    client.force_login(staff_with("view_task"))
+    task = make_task(Status.FAILED)
+    response = client.get(reverse(CHANGELIST))
+    assert response.status_code == 200
+    assert b"retry_tasks" not in response.content
+    response = client.post(reverse(CHANGELIST), {"action": "retry_tasks", "_selected_action": [task.pk]})
+    task.refresh_from_db()
+    assert task.status == Status.FAILED
+
+
+def test_actions_offered_with_change_task(client):
+    client.force_login(staff_with("view_task", "change_task"))
+    make_task(Status.FAILED)
+    assert b"retry_tasks" in client.get(reverse(CHANGELIST)).content
+
+
+def test_task_fields_are_read_only(admin_client):
+    task = make_task(Status.FAILED)
+    response = admin_client.post(reverse("admin:ox_task_change", args=[task.pk]), {"status": "READY"})
+    assert response.status_code in (200, 302)
+    task.refresh_from_db()
+    assert task.status == Status.FAILED
+
+
+def test_worker_admin_is_read_only(admin_client):
+    now = timezone.now()
+    Worker.objects.create(id="w-1", host="h", pid=1, started_at=now, heartbeat_at=now)
+    assert admin_client.get(reverse("admin:ox_worker_changelist")).status_code == 200
+    assert admin_client.get(reverse("admin:ox_worker_change", args=["w-1"])).status_code == 200
+    assert admin_client.get(reverse("admin:ox_worker_add")).status_code == 403
+    assert admin_client.post(reverse("admin:ox_worker_delete", args=["w-1"]), {"post": "yes"}).status_code == 403
+    assert Worker.objects.filter(id="w-1").exists()
