@@ -37,6 +37,7 @@ from ox.models import Task as TaskRow
 from ox.models import Tick
 from ox.results import build_result
 from ox.schedules import Schedule, parse_schedules
+from ox.txn import atomic_on
 
 logger = logging.getLogger("ox.periodic")
 
@@ -97,7 +98,7 @@ class Ticker:
             self.backend.validate_task(task)
             row = build_row(self.backend, task, schedule.args, schedule.kwargs, now)
             row.id = uuid7()
-        with sql.transaction(conn) as cursor:
+        with atomic_on(conn) as cursor:
             cursor.execute(
                 "SELECT MAX(tick_at) FROM ox_tick WHERE schedule = %s AND tick_at < %s",
                 [schedule.name, _ts(conn, due)],

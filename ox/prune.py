@@ -15,6 +15,7 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox import sql
+from ox.txn import atomic_on
 
 logger = logging.getLogger("ox.prune")
 
@@ -47,7 +48,7 @@ def prune_batch(conn: BaseDatabaseWrapper, status: str, cutoff: datetime, limit:
     """Delete up to `limit` tasks of one status finished before `cutoff`, oldest first, with
     their attempts. None: another pruner holds the lock (only when not waiting)."""
     postgres = sql.is_postgres(conn)
-    with sql.transaction(conn) as cursor:
+    with atomic_on(conn) as cursor:
         if postgres:
             if wait:
                 cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [sql.LOCK_NAMESPACE, PRUNER_KEY])

@@ -1,0 +1,68 @@
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
+from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
+from django.tasks.exceptions import InvalidTaskBackend
+from django.utils import timezone
+
+from ox.backend import OxBackend
+from ox.durations import parse_duration
+from ox.enqueue import database_for
+from ox.models import FINISHED
+from ox.prune import prune
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete finished tasks (and their attempts) older than a retention, in batches. Without"
+        " --older-than, the backend's OPTIONS PRUNE rules (status -> retention) apply."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--older-than", help="Age of the finished_at to prune, e.g. 90m, 12h, 7d, 2w.")
+        parser.add_argument(
+            "--status",
+            default=",".join(FINISHED),
+            help=f"Comma-separated finished statuses (default: {','.join(FINISHED)}).",
+        )
+        parser.add_argument("--batch-size", type=int, default=None, help="Rows per transaction (OPTIONS PRUNE_BATCH).")
+        parser.add_argument("--dry-run", action="store_true", help="Print how many rows would go; delete nothing.")
+        parser.add_argument("--backend", default=DEFAULT_TASK_BACKEND_ALIAS, help="TASKS alias.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            backend = task_backends[options["backend"]]
+        except InvalidTaskBackend as exc:
+            raise CommandError(str(exc)) from exc
+        if not isinstance(backend, OxBackend):
+            raise CommandError(f"Backend {options['backend']!r} is not an ox backend.")
+        rules = self._rules(backend, options)
+        batch = backend.config.prune_batch if options["batch_size"] is None else options["batch_size"]
+        if batch < 1:
+            raise CommandError("--batch-size must be at least 1")
+        now = timezone.now()
+        result = prune(connections[database_for(backend)], rules, now, batch, dry_run=options["dry_run"])
+        verb = "would delete" if options["dry_run"] else "deleted"
+        for status, count in result.deleted.items():
+            cutoff = now - rules[status]
+            self.stdout.write(f"{status}: {verb} {count} tasks finished before {cutoff.isoformat(timespec='seconds')}")
+        if not options["dry_run"]:
+            self.stdout.write(f"total: {result.total} tasks in {result.batches} batches of at most {batch}")
+
+    @staticmethod
+    def _rules(backend: OxBackend, options: dict[str, Any]) -> dict[str, Any]:
+        statuses = [s.strip().upper() for s in options["status"].split(",") if s.strip()]
+        unknown = sorted(set(statuses) - set(FINISHED))
+        if unknown or not statuses:
+            raise CommandError(f"--status takes finished statuses ({', '.join(FINISHED)}), got {options['status']!r}")
+        if options["older_than"] is None:
+            rules = {s: age for s, age in backend.config.prune_rules().items() if s in statuses}
+            if not rules:
+                raise CommandError("Give --older-than, or set a retention per status in OPTIONS PRUNE.")
+            return rules
+        try:
+            age = parse_duration(options["older_than"])
+        except ValueError as exc:
+            raise CommandError(f"--older-than: {exc}") from exc
+        return dict.fromkeys(statuses, age)
