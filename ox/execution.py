@@ -60,7 +60,7 @@ def describe(exc: BaseException) -> tuple[str, str]:
         text = "".join(traceback.format_exception(exc))
     except Exception:  # noqa: BLE001
         text = f"{path}: <the exception could not be formatted>"
-    return path, text
+    return path, text.replace("\x00", "\\x00")  # PostgreSQL text cannot hold NUL
 
 
 def unrunnable(

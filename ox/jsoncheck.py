@@ -8,7 +8,10 @@ from ox.exceptions import ArgumentsNotJSON
 
 def json_problem(value: Any, path: str) -> str | None:
     """Describe the first part of `value` that JSON cannot round-trip, or None."""
-    if value is None or isinstance(value, (bool, str)):
+    if isinstance(value, str):
+        # PostgreSQL's jsonb cannot store U+0000; refuse it on every database alike.
+        return f"{path} contains a NUL character (U+0000), which jsonb cannot store" if "\x00" in value else None
+    if value is None or isinstance(value, bool):
         return None
     if isinstance(value, int):
         return None
@@ -24,6 +27,8 @@ def json_problem(value: Any, path: str) -> str | None:
         for key, item in value.items():
             if not isinstance(key, str):
                 return f"{path} has the key {key!r} of type {type(key).__name__}; JSON keys are strings"
+            if "\x00" in key:
+                return f"{path} has a key with a NUL character (U+0000), which jsonb cannot store"
             problem = json_problem(item, f"{path}[{key!r}]")
             if problem:
                 return problem

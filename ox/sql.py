@@ -314,17 +314,20 @@ def rescue(conn: BaseDatabaseWrapper, now: datetime) -> list[tuple[uuid.UUID, st
         # A live worker holds a session advisory lock on (LOCK_NAMESPACE, lock_key): if the
         # lock is gone, its process (or connection) is gone, whatever its lease says.
         sql = f"""
-            WITH lost AS (
-                SELECT t.id FROM ox_task t LEFT JOIN ox_worker w ON w.id = t.worker_id
-                WHERE t.status = 'RUNNING' AND (
-                    t.lease_expires_at < %(now)s
-                    OR (w.id IS NOT NULL AND w.lock_key > 0 AND NOT EXISTS (
-                        SELECT 1 FROM pg_locks l
-                        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-                          AND l.classid = {LOCK_NAMESPACE} AND l.objid = w.lock_key::oid
-                          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())))
-                )
-                FOR UPDATE OF t SKIP LOCKED
+            WITH holders AS (
+                SELECT DISTINCT worker_id FROM ox_task WHERE status = 'RUNNING'
+            ), dead AS (
+                SELECT w.id FROM ox_worker w JOIN holders h ON h.worker_id = w.id
+                WHERE w.lock_key > 0 AND NOT EXISTS (
+                    SELECT 1 FROM pg_locks l
+                    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+                      AND l.classid = {LOCK_NAMESPACE} AND l.objid = w.lock_key::oid
+                      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+            ), lost AS (
+                SELECT t.id FROM ox_task t
+                WHERE t.status = 'RUNNING'
+                  AND (t.lease_expires_at < %(now)s OR t.worker_id IN (SELECT id FROM dead))
+                FOR UPDATE SKIP LOCKED
             ), moved AS (
                 UPDATE ox_task t SET
                     status = CASE WHEN t.attempts >= t.max_attempts THEN 'FAILED' ELSE 'READY' END,
@@ -378,4 +381,8 @@ def hold_worker_lock(conn: BaseDatabaseWrapper, lock_key: int) -> None:
 
 def heartbeat(conn: BaseDatabaseWrapper, worker_id: str, now: datetime) -> None:
     with conn.cursor() as cursor:
-        cursor.execute("UPDATE ox_worker SET heartbeat_at = %s WHERE id = %s", [_ts(conn, now), worker_id])
+        # stopped_at cleared: a rescuer may have taken this worker for dead while its
+        # connection was down; it is back.
+        cursor.execute(
+            "UPDATE ox_worker SET heartbeat_at = %s, stopped_at = NULL WHERE id = %s", [_ts(conn, now), worker_id]
+        )

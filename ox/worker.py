@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.tasks import TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_finished
@@ -103,6 +103,7 @@ class Worker:
         self.buffer: deque[Prepared] = deque()
         self.running: dict[uuid.UUID, Running] = {}
         self.to_complete: list[Finished] = []
+        self.to_fail: list[Finished] = []  # kept until written, across database faults
         self.flush_due: float | None = None
         self.stats = Stats()
         self.stopping = False
@@ -114,6 +115,7 @@ class Worker:
         self.next_rescue = 0.0
         self.batch_hold_until = 0.0  # batch mode waits for the retries it scheduled
         self.last_claim_at = 0.0
+        self.async_seen = False
         self.conn: Any = None
         self.pool: ThreadPoolExecutor | None = None
         self.async_loop: asyncio.AbstractEventLoop | None = None
@@ -167,17 +169,20 @@ class Worker:
         )
 
     def _connect(self) -> None:
+        # The main thread's Django connection (used for rare ORM reads) may be broken too.
+        connections[self.alias].close_if_unusable_or_obsolete()
         self.conn = open_worker_connection(self.alias)
         sql.hold_worker_lock(self.conn, self.lock_key)
 
     def _done(self) -> bool:
-        busy = bool(self.running or self.buffer or self.to_complete)
+        busy = bool(self.running or self.buffer or self.to_complete or self.to_fail)
         if self.stopping:
             if not busy:
                 return True
             return time.monotonic() >= (self.stop_deadline or 0)
         if self.stuck:
-            return not any(not r.interrupted_at for r in self.running.values()) and not self.to_complete
+            unwritten = self.to_complete or self.to_fail
+            return not any(not r.interrupted_at for r in self.running.values()) and not unwritten
         if self.settings.max_tasks is not None and self.stats.claimed >= self.settings.max_tasks and not busy:
             return True
         if self.settings.batch and not busy and not self.more_waiting:
@@ -225,6 +230,12 @@ class Worker:
             step()
         except (OperationalError, InterfaceError) as exc:
             self._reconnect(exc)
+        except DatabaseError as exc:
+            # Not a lost connection: a statement the database refused. Log it and pause
+            # rather than spin; the outcome stays queued and is tried again.
+            logger.exception("database refused a statement; retrying shortly worker=%s", self.id)
+            time.sleep(1.0)
+            del exc
 
     def _reconnect(self, exc: Exception) -> None:
         _log(logging.WARNING, f"database error, reconnecting: {exc}".replace("\n", " "), worker=self.id)
@@ -291,7 +302,9 @@ class Worker:
 
     def _claim(self) -> None:
         sync_free, async_free = self._free_slots()
-        want = max(sync_free, 0) + max(async_free, 0) + self.options.prefetch
+        # The kind of a task is known only once claimed: async slots count once this worker
+        # has seen async tasks, so a sync-only worker never claims 100 tasks for 1 thread.
+        want = max(sync_free, 0) + self.options.prefetch + (max(async_free, 0) if self.async_seen else 0)
         if self.settings.max_tasks is not None:
             want = min(want, self.settings.max_tasks - self.stats.claimed)
         if want <= 0:
@@ -316,7 +329,27 @@ class Worker:
             if isinstance(prep, Finished):
                 self._record(prep)
             else:
+                self.async_seen = self.async_seen or prep.is_async
                 self.buffer.append(prep)
+        self._hand_back_excess(sync_free, async_free)
+
+    def _hand_back_excess(self, sync_free: int, async_free: int) -> None:
+        """Keep no more claimed tasks of a kind than its free slots plus the prefetch: the
+        rest go straight back, so one worker never hoards what another could run now."""
+        room = {False: max(sync_free, 0) + self.options.prefetch, True: max(async_free, 0) + self.options.prefetch}
+        kept: deque[Prepared] = deque()
+        excess: list[Prepared] = []
+        for prep in self.buffer:
+            if room[prep.is_async] > 0:
+                room[prep.is_async] -= 1
+                kept.append(prep)
+            else:
+                excess.append(prep)
+        if excess:
+            sql.hand_back(self.conn, [(p.claimed.id, p.claimed.fence) for p in excess])
+            self.stats.claimed -= len(excess)
+            self.more_waiting = True
+        self.buffer = kept
 
     def _history(self, claimed: Any) -> tuple[list[TaskError], list[str]]:
         """Earlier attempts of a retried task, so its context and signals see them."""
@@ -374,9 +407,13 @@ class Worker:
             if len(self.to_complete) >= self.options.completion_batch:
                 self._guard(self._flush)
             return
-        self._guard(lambda: self._write_failure(finished))
+        self.to_fail.append(finished)
+        self._guard(self._flush)
 
     def _flush(self) -> None:
+        while self.to_fail:
+            self._write_failure(self.to_fail[0])
+            self.to_fail.pop(0)
         if not self.to_complete:
             return
         batch = self.to_complete

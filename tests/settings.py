@@ -1,5 +1,8 @@
 """The project's settings plus a test app (the kill test's ledger) and test tasks' queues."""
 
+import json
+import os
+
 from oxproject.settings import *  # noqa: F403
 from oxproject.settings import INSTALLED_APPS, TASKS
 
@@ -8,7 +11,17 @@ TASKS = {
     "default": {
         **TASKS["default"],
         "QUEUES": ["default", "emails", "reports", "other"],
-        "OPTIONS": {"BACKOFF_BASE": 0.05, "BACKOFF_MAX": 0.5},
+        # Worker subprocesses of a test get extra OPTIONS (short leases...) through the env.
+        "OPTIONS": {"BACKOFF_BASE": 0.05, "BACKOFF_MAX": 0.5, **json.loads(os.environ.get("OX_TEST_OPTIONS", "{}"))},
     }
 }
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# Each pytest run gets its own test database, so concurrent runs (two legs, two developers)
+# never drop each other's. Worker subprocesses are pointed at it by DATABASE_URL.
+_suffix = os.environ.get("OX_TEST_DB_SUFFIX") or str(os.getpid())
+_db = DATABASES["default"]  # noqa: F405
+if _db["ENGINE"].endswith("sqlite3"):
+    _db["TEST"] = {"NAME": str(VAR_DIR / f"test-{_suffix}.sqlite3")}  # noqa: F405
+else:
+    _db["TEST"] = {"NAME": f"test_{_db['NAME']}_{_suffix}"}

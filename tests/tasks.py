@@ -150,3 +150,11 @@ def takes_two(a: int, b: int) -> int:
 @task(max_attempts=1)
 def exits() -> None:
     raise SystemExit(3)
+
+
+@task
+def record_then_sleep(key: str, seconds: float) -> str:
+    # The ledger row tells a test the body has started (RUNNING alone means claimed).
+    Ledger.objects.create(key=key, pid=os.getpid())
+    time.sleep(seconds)
+    return key

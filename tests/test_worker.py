@@ -160,9 +160,9 @@ def test_bad_input_fails_the_task_and_the_worker_carries_on(start_worker):
 
 
 def test_sigterm_mid_task_finishes_it_and_exits_zero(start_worker):
-    r = tasks.sleep_for.enqueue(1.5)
+    r = tasks.record_then_sleep.enqueue("started", 1.5)
     worker = start_worker("--concurrency", "1")
-    wait_until(lambda: Task.objects.filter(pk=r.id, status=Status.RUNNING).exists(), timeout=30)
+    wait_until(lambda: Ledger.objects.filter(key="started").exists(), timeout=30)
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0, worker.output()
     assert result(r).status == TaskResultStatus.SUCCESSFUL

@@ -1,0 +1,241 @@
+"""Leases, rescue, fencing, timeouts, cancellation, shutdown: real worker subprocesses."""
+
+import json
+import signal
+import time
+
+import pytest
+from django.db import connection
+from django.tasks import TaskResultStatus, task_backends
+from django.utils import timezone
+
+import ox
+from ox import sql
+from ox.models import Attempt, Outcome, Status, Task, Worker
+from tests import tasks
+from tests.helpers import wait_until
+from tests.testapp.models import Ledger
+
+pytestmark = pytest.mark.django_db(transaction=True)
+postgres_only = pytest.mark.skipif("connection.vendor != 'postgresql'")
+
+
+def options(**values):
+    return {"OX_TEST_OPTIONS": json.dumps({k.upper(): v for k, v in values.items()})}
+
+
+def status_of(r):
+    return Task.objects.get(pk=r.id).status
+
+
+def test_heartbeat_renews_leases_and_worker_row(start_worker):
+    r = tasks.sleep_for.enqueue(3)
+    worker = start_worker(env=options(lease=1.5, heartbeat=0.3))
+    wait_until(lambda: status_of(r) == Status.RUNNING, timeout=20)
+    first = Task.objects.get(pk=r.id).lease_expires_at
+    time.sleep(1.0)
+    row = Task.objects.get(pk=r.id)
+    assert row.status == Status.RUNNING and row.lease_expires_at > first  # renewed, not rescued
+    beat = Worker.objects.get(pid=worker.pid).heartbeat_at
+    assert timezone.now() - beat < timezone.timedelta(seconds=1)
+    wait_until(lambda: status_of(r) == Status.SUCCESSFUL, timeout=20)
+    assert not Attempt.objects.filter(task_id=r.id).exists()  # the lease held throughout
+
+
+def test_expired_lease_is_rescued_with_a_lost_attempt():
+    # A RUNNING row whose lease ran out (its worker vanished without trace).
+    r = tasks.echo.enqueue(1)
+    now = timezone.now()
+    (claimed,) = sql.claim(connection, "ghost", ["default"], 1, now, now + timezone.timedelta(seconds=1))
+    assert sql.rescue(connection, now) == []  # lease still valid
+    rescued = sql.rescue(connection, now + timezone.timedelta(seconds=2))
+    assert [(t, w, s) for t, w, s in rescued] == [(claimed.id, "ghost", "READY")]
+    row = Task.objects.get(pk=r.id)
+    assert row.status == Status.READY and row.fence == claimed.fence + 1
+    (attempt,) = Attempt.objects.filter(task_id=r.id)
+    assert attempt.outcome == Outcome.LOST and attempt.worker_id == "ghost" and "ghost" in attempt.traceback
+    assert task_backends["default"].get_result(r.id).errors[0].exception_class_path == "ox.exceptions.WorkerLost"
+
+
+def test_rescue_fails_the_task_when_its_budget_is_spent():
+    r = tasks.fails_once_only.enqueue()
+    now = timezone.now()
+    sql.claim(connection, "ghost", ["default"], 1, now, now)
+    (rescued,) = sql.rescue(connection, now + timezone.timedelta(seconds=1))
+    assert rescued[2] == "FAILED" and status_of(r) == Status.FAILED
+
+
+def test_fenced_writes_match_nothing_after_a_rescue():
+    r = tasks.echo.enqueue(1)
+    now = timezone.now()
+    (old,) = sql.claim(connection, "old", ["default"], 1, now, now)
+    sql.rescue(connection, now + timezone.timedelta(seconds=1))
+    later = now + timezone.timedelta(seconds=1)
+    (new,) = sql.claim(connection, "new", ["default"], 1, later, later + timezone.timedelta(minutes=1))
+    assert new.fence > old.fence
+    late = timezone.now()
+    assert sql.complete(connection, [sql.Completion(old.id, old.fence, '"late"', late)]) == set()
+    assert sql.renew(connection, [(old.id, old.fence)], late) == {}
+    failure = sql.Failure(old.id, old.fence, 1, "old", late, late, "failed", "x.Y", "tb", None)
+    assert sql.fail(connection, failure) is False
+    row = Task.objects.get(pk=r.id)
+    assert row.status == Status.RUNNING and row.worker_id == "new"
+    assert sql.complete(connection, [sql.Completion(new.id, new.fence, '"ok"', late)]) == {new.id}
+
+
+def test_paused_worker_is_fenced_out_after_rescue(start_worker):
+    r = tasks.sleep_for.enqueue(2.5)
+    short = options(lease=1.5, heartbeat=0.3, rescue_interval=0.3)
+    a = start_worker(env=short)
+    wait_until(lambda: status_of(r) == Status.RUNNING, timeout=20)
+    a.signal(signal.SIGSTOP)  # a long GC pause, a frozen VM: the lease runs out
+    try:
+        b = start_worker(env=short)
+        wait_until(lambda: Task.objects.filter(pk=r.id, status=Status.SUCCESSFUL).exists(), timeout=30)
+        done = Task.objects.get(pk=r.id)
+        assert done.worker_id != Worker.objects.get(pid=a.pid).id
+    finally:
+        a.signal(signal.SIGCONT)
+    wait_until(lambda: "fenced out" in a.output(), timeout=20)
+    after = Task.objects.get(pk=r.id)
+    assert (after.status, after.fence, after.worker_id, after.finished_at) == (
+        done.status,
+        done.fence,
+        done.worker_id,
+        done.finished_at,
+    )
+    assert Attempt.objects.get(task_id=r.id).outcome == Outcome.LOST
+    b.signal(signal.SIGTERM)
+    a.signal(signal.SIGTERM)
+
+
+@postgres_only
+def test_killed_worker_is_rescued_fast_on_postgres(start_worker):
+    # Default lease (30 s): only the advisory-lock fast path can rescue this in seconds.
+    r = tasks.record.enqueue("k")
+    slow = tasks.sleep_for.enqueue(60)
+    victim = start_worker("--concurrency", "1", "--queues", "default")
+    wait_until(lambda: status_of(slow) == Status.RUNNING, timeout=20)
+    victim.signal(signal.SIGKILL)
+    victim.wait(timeout=10)
+    killed_at = time.monotonic()
+    start_worker("--concurrency", "2")
+    wait_until(lambda: Task.objects.filter(pk=slow.id, attempts=2, status=Status.RUNNING).exists(), timeout=15)
+    assert time.monotonic() - killed_at < 6
+    assert status_of(r) in (Status.SUCCESSFUL, Status.RUNNING, Status.READY)
+    assert Attempt.objects.get(task_id=slow.id).outcome == Outcome.LOST
+
+
+def test_sync_timeout_interrupts_the_thread(start_worker):
+    r = tasks.times_out.enqueue()
+    ok = tasks.echo.enqueue("after")
+    worker = start_worker("--batch")
+    assert worker.wait(timeout=30) == 0, worker.output()
+    assert status_of(r) == Status.FAILED and status_of(ok) == Status.SUCCESSFUL
+    (attempt,) = Attempt.objects.filter(task_id=r.id)
+    assert attempt.outcome == Outcome.TIMED_OUT and attempt.exception_class_path == "ox.exceptions.TaskTimeout"
+    assert (attempt.finished_at - attempt.started_at).total_seconds() < 5
+
+
+def test_async_timeout_cancels_the_coroutine(start_worker):
+    r = tasks.async_times_out.enqueue()
+    worker = start_worker("--batch")
+    assert worker.wait(timeout=30) == 0, worker.output()
+    (attempt,) = Attempt.objects.filter(task_id=r.id)
+    assert attempt.outcome == Outcome.TIMED_OUT
+    assert (attempt.finished_at - attempt.started_at).total_seconds() < 5
+
+
+def test_thread_that_ignores_its_interrupt_makes_the_worker_exit_nonzero(start_worker):
+    stuck = tasks.ignores_interrupt.enqueue()
+    others = [tasks.sleep_for.enqueue(0.5) for _ in range(2)]
+    worker = start_worker("--concurrency", "3", env=options(interrupt_grace=1.0))
+    code = worker.wait(timeout=30)
+    assert code == 3, worker.output()
+    assert "ignored its interrupt" in worker.output()
+    assert all(status_of(o) == Status.SUCCESSFUL for o in others)
+    assert status_of(stuck) == Status.RUNNING  # left for the rescuer
+
+
+def test_cancel_running_task_is_interrupted_at_next_heartbeat(start_worker):
+    r = tasks.busy_for.enqueue(60)
+    worker = start_worker(env=options(heartbeat=0.3))
+    wait_until(lambda: status_of(r) == Status.RUNNING, timeout=20)
+    changed = ox.cancel(r.id)
+    assert changed.cancel_requested == 1 and changed.cancelled == 0
+    wait_until(lambda: status_of(r) == Status.CANCELLED, timeout=10)
+    (attempt,) = Attempt.objects.filter(task_id=r.id)
+    assert attempt.outcome == Outcome.CANCELLED
+    fetched = task_backends["default"].get_result(r.id)
+    assert fetched.status == TaskResultStatus.FAILED
+    assert fetched.errors[-1].exception_class_path == "ox.exceptions.TaskCancelled"
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0
+
+
+def test_cancel_ready_task_never_runs(start_worker):
+    r = tasks.record.enqueue("never")
+    assert ox.cancel(r.id).cancelled == 1
+    assert not ox.cancel(r.id)  # already finished: nothing changes
+    worker = start_worker("--batch")
+    assert worker.wait(timeout=20) == 0
+    assert status_of(r) == Status.CANCELLED and not Ledger.objects.exists()
+
+
+def test_manual_retry_keeps_history_and_runs_again(start_worker):
+    r = tasks.always_fails.enqueue("x")
+    assert start_worker("--batch").wait(timeout=30) == 0
+    assert status_of(r) == Status.FAILED and Attempt.objects.filter(task_id=r.id).count() == 4
+    assert ox.retry(r.id).retried == 1
+    row = Task.objects.get(pk=r.id)
+    assert row.status == Status.READY and row.max_attempts == 8 and row.attempts == 4
+    assert not ox.retry(r.id)  # READY: not retryable
+    assert start_worker("--batch").wait(timeout=30) == 0
+    assert list(Attempt.objects.filter(task_id=r.id).values_list("number", flat=True)) == list(range(1, 9))
+    cancelled = tasks.echo.enqueue(5)
+    ox.cancel(cancelled.id)
+    ox.retry(cancelled.id)
+    assert start_worker("--batch").wait(timeout=30) == 0
+    assert status_of(cancelled) == Status.SUCCESSFUL
+
+
+def test_sigterm_hands_back_claimed_unstarted_tasks(start_worker):
+    running = tasks.record_then_sleep.enqueue("started", 1.5)
+    waiting = [tasks.echo.enqueue(i) for i in range(5)]
+    worker = start_worker("--concurrency", "1", env=options(prefetch=5))
+    wait_until(lambda: Ledger.objects.filter(key="started").exists(), timeout=20)
+    wait_until(lambda: Task.objects.filter(status=Status.RUNNING).count() == 6, timeout=5)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0, worker.output()
+    assert status_of(running) == Status.SUCCESSFUL
+    for w in waiting:
+        row = Task.objects.get(pk=w.id)
+        assert row.status == Status.READY and row.attempts == 0 and row.worker_id == ""
+    assert Worker.objects.get(pid=worker.pid).stopped_at is not None
+    assert "handed back" in worker.output()
+
+
+def test_second_signal_exits_at_once(start_worker):
+    r = tasks.record_then_sleep.enqueue("started", 30)
+    worker = start_worker()
+    wait_until(lambda: Ledger.objects.filter(key="started").exists(), timeout=20)
+    worker.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=5) != 0
+    assert status_of(r) == Status.RUNNING  # the rescuer will take it back
+
+
+def test_supervisor_restarts_a_killed_child(start_worker):
+    supervisor = start_worker("--processes", "2", env=options(heartbeat=0.3))
+    wait_until(lambda: Worker.objects.filter(stopped_at__isnull=True).count() == 2, timeout=30)
+    victim = Worker.objects.filter(stopped_at__isnull=True).first()
+    import os
+
+    os.kill(victim.pid, signal.SIGKILL)
+    wait_until(lambda: Worker.objects.exclude(pid=victim.pid).filter(stopped_at__isnull=True).count() == 2, timeout=30)
+    results = [tasks.echo.enqueue(i) for i in range(10)]
+    wait_until(lambda: all(status_of(r) == Status.SUCCESSFUL for r in results), timeout=30)
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=30) == 0, supervisor.output()
+    assert not Worker.objects.filter(stopped_at__isnull=True).exclude(pid=victim.pid).exists()
