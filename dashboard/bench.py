@@ -30,10 +30,12 @@ class Cell:
     unit: str
     higher_is_better: bool | None
     values: dict[str, float | None]  # arm -> value
+    db: str = ""  # the database the cell ran on ("pg", "sqlite"); part of what it measures
+    about: str = ""
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.name, self.metric, self.unit)
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.name, self.metric, self.unit, self.db)
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,22 @@ class Run:
     environment: dict[str, Any] = field(default_factory=dict)
     cells: tuple[Cell, ...] = ()
     error: str = ""
+    dirty: bool = False  # run from a working tree with uncommitted changes
+
+    @property
+    def environment_summary(self) -> list[tuple[str, str]]:
+        """One line per top-level entry: nested settings collapse to "key value, ..." pairs."""
+        lines = []
+        for key, value in self.environment.items():
+            if isinstance(value, dict):
+                parts = [f"{k} {v}" for k, v in value.items() if not isinstance(v, (dict, list))]
+                text = ", ".join(parts)
+            elif isinstance(value, list):
+                text = ", ".join(map(str, value))
+            else:
+                text = str(value)
+            lines.append((str(key), text if len(text) <= 160 else text[:157] + "..."))
+        return lines
 
     @property
     def label(self) -> str:
@@ -85,6 +103,8 @@ def _cell(raw: Any) -> Cell | None:
         unit=str(raw.get("unit") or ""),
         higher_is_better=hib if isinstance(hib, bool) else None,
         values={str(arm): _arm_value(v) for arm, v in raw["arms"].items()},
+        db=str(raw.get("db") or ""),
+        about=str(raw.get("about") or ""),
     )
 
 
@@ -108,6 +128,7 @@ def parse(path: Path) -> Run:
         environment=environment if isinstance(environment, dict) else {},
         cells=cells,
         error="" if cells else "no cells",
+        dirty=bool(data.get("git_dirty")),
     )
 
 
@@ -144,26 +165,28 @@ class MetricChart:
     name: str
     metric: str
     unit: str
+    db: str
+    about: str
     higher_is_better: bool | None
     labels: list[str]
     series: list[dict[str, Any]]
 
     @property
     def title(self) -> str:
-        return f"{self.name} — {self.metric}" if self.metric and self.metric != self.name else self.name
+        title = f"{self.name} — {self.metric}" if self.metric and self.metric != self.name else self.name
+        return f"{title} ({self.db})" if self.db else title
 
 
 def charts(runs: list[Run]) -> list[MetricChart]:
-    """One chart per (cell, metric, unit): a line per arm across the runs that measured it."""
-    keys: dict[tuple[str, str, str], Cell] = {}
+    """One chart per (cell, metric, unit, db): a line per arm across the runs that measured it."""
+    keys: dict[tuple[str, str, str, str], Cell] = {}
     for run in runs:
         for cell in run.cells:
             keys.setdefault(cell.key, cell)
+    by_run = [(run, {c.key: c for c in run.cells}) for run in runs]
     found = []
     for key, first in keys.items():
-        measured = [
-            (run, next(c for c in run.cells if c.key == key)) for run in runs if any(c.key == key for c in run.cells)
-        ]
+        measured = [(run, cells[key]) for run, cells in by_run if key in cells]
         arms = sorted({arm for _, cell in measured for arm in cell.values}, key=lambda a: (a != OURS, a))
         series = []
         for i, arm in enumerate(arms):
@@ -171,5 +194,5 @@ def charts(runs: list[Run]) -> list[MetricChart]:
             data = [cell.values.get(arm) for _, cell in measured]
             series.append({"label": arm, "data": data, "color": color, "ours": arm == OURS})
         labels = [run.label for run, _ in measured]
-        found.append(MetricChart(key[0], key[1], key[2], first.higher_is_better, labels, series))
+        found.append(MetricChart(*key, first.about, first.higher_is_better, labels, series))
     return found
