@@ -1,5 +1,21 @@
-"""System checks with stable ids (ox.E001...)."""
+"""System checks with stable ids: every misconfiguration that would otherwise fail late, in
+a worker at its first tick or in production at its first write.
 
+ox.E001  invalid OPTIONS value
+ox.E002  invalid schedule definition (keys, every, args, timezone, missed policy)
+ox.E003  invalid cron expression in a schedule
+ox.E004  a schedule's task does not import, or is not a Task
+ox.E005  a schedule's queue is not in the backend's QUEUES
+ox.E006  one schedule name declared by two backends (their ticks would share rows)
+ox.E007  OPTIONS DATABASE names no database in DATABASES
+ox.W001  SQLite without WAL: web and worker processes would lock each other out
+ox.W002  PREFETCH with MAX_ATTEMPTS 1: a dying worker fails the tasks it had not started
+ox.W003  HEARTBEAT over a third of LEASE: one slow heartbeat loses every lease
+ox.W004  OX_METRICS_TOKEN shorter than 16 characters
+"""
+
+import os
+from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
@@ -7,16 +23,152 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from ox.conf import OxOptions
+from ox.schedules import Schedule, ScheduleError, parse_schedule
+
+BACKEND_PATH = "ox.backend.OxBackend"
+MIN_TOKEN_LENGTH = 16
+
+Messages = list[checks.CheckMessage]
+
+
+def _ox_backends() -> Iterator[tuple[str, dict[str, Any]]]:
+    for alias, params in getattr(settings, "TASKS", {}).items():
+        if params.get("BACKEND") == BACKEND_PATH:
+            yield alias, params
+
+
+def _options(params: dict[str, Any]) -> OxOptions | None:
+    try:
+        return OxOptions.from_dict(params.get("OPTIONS", {}))
+    except ImproperlyConfigured:
+        return None
 
 
 @checks.register(checks.Tags.compatibility)
-def check_options(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    errors: list[checks.CheckMessage] = []
-    for alias, params in getattr(settings, "TASKS", {}).items():
-        if params.get("BACKEND") != "ox.backend.OxBackend":
-            continue
+def check_options(app_configs: Any = None, **kwargs: Any) -> Messages:
+    errors: Messages = []
+    for alias, params in _ox_backends():
         try:
             OxOptions.from_dict(params.get("OPTIONS", {}))
+        except ScheduleError:
+            continue  # reported per schedule, with its own id, by check_schedules
         except ImproperlyConfigured as exc:
             errors.append(checks.Error(f"TASKS[{alias!r}]: {exc}", id="ox.E001"))
     return errors
+
+
+def _schedules(alias: str, params: dict[str, Any], errors: Messages) -> list[Schedule]:
+    raw = params.get("OPTIONS", {}).get("SCHEDULES", {})
+    if not isinstance(raw, dict):
+        errors.append(checks.Error(f"TASKS[{alias!r}] OPTIONS SCHEDULES must be a dict", id="ox.E002"))
+        return []
+    found = []
+    for name, spec in raw.items():
+        try:
+            found.append(parse_schedule(name, spec))
+        except ScheduleError as exc:
+            errors.append(checks.Error(f"TASKS[{alias!r}]: {exc}", id=exc.check_id))
+    return found
+
+
+@checks.register(checks.Tags.compatibility)
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> Messages:
+    from ox.periodic import resolve_task
+
+    errors: Messages = []
+    owners: dict[str, str] = {}
+    for alias, params in _ox_backends():
+        queues = set(params.get("QUEUES", []))
+        for schedule in _schedules(alias, params, errors):
+            where = f"TASKS[{alias!r}] SCHEDULES[{schedule.name!r}]"
+            if schedule.name in owners:
+                errors.append(checks.Error(f"{where}: also declared by TASKS[{owners[schedule.name]!r}]", id="ox.E006"))
+            owners.setdefault(schedule.name, alias)
+            try:
+                task = resolve_task(schedule.task_path)
+            except Exception as exc:  # noqa: BLE001  (any import-time failure is the finding)
+                errors.append(checks.Error(f"{where}: task {schedule.task_path!r}: {exc}", id="ox.E004"))
+                continue
+            queue = schedule.queue or task.queue_name
+            if queues and queue not in queues:
+                errors.append(
+                    checks.Error(
+                        f"{where}: queue {queue!r} is not in the backend's QUEUES ({', '.join(sorted(queues))})",
+                        id="ox.E005",
+                    )
+                )
+    return errors
+
+
+# Tagged "compatibility", not "database": it reads settings only, so a plain `manage.py check`
+# runs it.
+@checks.register(checks.Tags.compatibility)
+def check_database_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
+    from django.db import router
+
+    from ox.models import Task
+
+    messages: Messages = []
+    for alias, params in _ox_backends():
+        options = _options(params)
+        if options is None:
+            continue
+        db = options.database or router.db_for_write(Task)
+        if db not in settings.DATABASES:
+            messages.append(checks.Error(f"TASKS[{alias!r}] OPTIONS DATABASE {db!r} is not in DATABASES", id="ox.E007"))
+            continue
+        database = settings.DATABASES[db]
+        init = str(database.get("OPTIONS", {}).get("init_command", "")).lower().replace(" ", "")
+        if database.get("ENGINE") == "django.db.backends.sqlite3" and "journal_mode=wal" not in init:
+            messages.append(
+                checks.Warning(
+                    f"DATABASES[{db!r}] (SQLite, used by TASKS[{alias!r}]) does not set WAL mode: a worker"
+                    " process and the web process will block each other's reads and writes.",
+                    hint='Add "init_command": "PRAGMA journal_mode=WAL;" to its OPTIONS (see oxproject/settings.py).',
+                    id="ox.W001",
+                )
+            )
+    return messages
+
+
+@checks.register(checks.Tags.compatibility)
+def check_worker_policy(app_configs: Any = None, **kwargs: Any) -> Messages:
+    messages: Messages = []
+    for alias, params in _ox_backends():
+        options = _options(params)
+        if options is None:
+            continue
+        if options.prefetch > 0 and options.max_attempts == 1:
+            messages.append(
+                checks.Warning(
+                    f"TASKS[{alias!r}]: PREFETCH={options.prefetch} with MAX_ATTEMPTS=1: a prefetched task has"
+                    " spent its only attempt when it is claimed, so a worker that dies fails tasks it never started.",
+                    hint="Set PREFETCH to 0, or MAX_ATTEMPTS to 2 or more.",
+                    id="ox.W002",
+                )
+            )
+        if options.heartbeat > options.lease / 3:
+            messages.append(
+                checks.Warning(
+                    f"TASKS[{alias!r}]: HEARTBEAT={options.heartbeat:g}s is over a third of LEASE={options.lease:g}s:"
+                    " one slow heartbeat (a busy database, a GC pause) lets the leases expire and the rescuer"
+                    " run the tasks twice.",
+                    hint="Keep HEARTBEAT at most LEASE / 3.",
+                    id="ox.W003",
+                )
+            )
+    return messages
+
+
+@checks.register(checks.Tags.security)
+def check_metrics_token(app_configs: Any = None, **kwargs: Any) -> Messages:
+    token = getattr(settings, "OX_METRICS_TOKEN", "") or os.environ.get("OX_METRICS_TOKEN", "")
+    if token and len(token) < MIN_TOKEN_LENGTH:
+        return [
+            checks.Warning(
+                f"OX_METRICS_TOKEN has {len(token)} characters: short enough to guess.",
+                hint=f"Use at least {MIN_TOKEN_LENGTH}: python -c 'import secrets; print(secrets.token_urlsafe())'",
+                id="ox.W004",
+            )
+        ]
+    return []

@@ -26,6 +26,22 @@ if not SECRET_KEY:
     SECRET_KEY = "insecure-development-key-only-for-debug"  # noqa: S105
 
 ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+# Behind HTTPS (on by default with DEBUG off): the TLS proxy in front says so with
+# X-Forwarded-Proto, cookies are sent over HTTPS only, plain HTTP is redirected, HSTS is sent.
+SECURE = env_bool("DJANGO_SECURE", not DEBUG)
+if SECURE:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = env_bool("DJANGO_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", "3600"))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", False)
+    SECURE_CONTENT_TYPE_NOSNIFF = True
+
+# Prometheus scrapes /ox/metrics with "Authorization: Bearer <token>" (empty: staff login only).
+OX_METRICS_TOKEN = os.environ.get("OX_METRICS_TOKEN", "")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -117,18 +133,23 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = Path(os.environ.get("DJANGO_STATIC_ROOT", BASE_DIR / "staticfiles"))
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 
+# OX_LOG_FORMAT=json: one JSON object per line (time, level, logger, message, task_id, ...).
+LOG_FORMAT = os.environ.get("OX_LOG_FORMAT", "plain")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "oxproject.logging.JsonFormatter"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "json" if LOG_FORMAT == "json" else "plain"}
+    },
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
         "ox": {"level": os.environ.get("OX_LOG_LEVEL", "INFO")},
@@ -137,9 +158,14 @@ LOGGING = {
 }
 
 # whitenoise serves the collected static files (htmx, chart.js, the dashboard's CSS/JS) from
-# gunicorn, gzip/brotli-compressed. Not the manifest variant: the vendored files carry their
-# version in their names, and tests render templates without running collectstatic first.
+# gunicorn, gzip/brotli-compressed. With DEBUG off, the manifest variant: content-hashed names
+# that browsers may cache forever (collectstatic must have run: the entrypoint does). With DEBUG
+# on, the plain one, so tests and runserver render templates without collectstatic.
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"
+        if DEBUG
+        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+    },
 }

@@ -1,0 +1,73 @@
+import json
+from dataclasses import replace
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
+from django.tasks.exceptions import InvalidTaskBackend
+
+from ox.backend import OxBackend
+from ox.enqueue import database_for
+from ox.health import Thresholds, check_health
+
+EXIT_HEALTHY = 0
+EXIT_UNHEALTHY = 1
+EXIT_UNREACHABLE = 2
+
+FLAGS = {  # flag -> (Thresholds field, type, help)
+    "--max-backlog": ("max_backlog", int, "due READY tasks"),
+    "--max-ready-age": ("max_ready_age", float, "seconds the oldest due READY task may wait"),
+    "--max-stale-workers": ("max_stale_workers", int, "workers silent past --stale-after"),
+    "--min-workers": ("min_workers", int, "alive workers required"),
+    "--stale-after": ("stale_after", float, "seconds without a heartbeat before a worker is stale"),
+    "--max-xact-age": ("max_xact_age", float, "PostgreSQL: seconds an open transaction may hold back VACUUM"),
+}
+
+
+class Command(BaseCommand):
+    help = (
+        "Check the queue against thresholds (defaults from the backend's OPTIONS). Exit 0 when"
+        " healthy, 1 when a threshold is crossed, 2 when the database cannot be read."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        for flag, (_name, kind, text) in FLAGS.items():
+            parser.add_argument(flag, type=kind, default=None, help=f"Maximum/minimum: {text}.")
+        parser.add_argument("--json", action="store_true", help="Print the full report as JSON.")
+        parser.add_argument("--backend", default=DEFAULT_TASK_BACKEND_ALIAS, help="TASKS alias.")
+        parser.add_argument("--database", default=None, help="Database alias to read (default: the backend's).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            backend = task_backends[options["backend"]]
+        except InvalidTaskBackend as exc:
+            raise CommandError(str(exc)) from exc
+        if not isinstance(backend, OxBackend):
+            raise CommandError(f"Backend {options['backend']!r} is not an ox backend.")
+        overrides = {name: options[flag[2:].replace("-", "_")] for flag, (name, _k, _t) in FLAGS.items()}
+        thresholds = replace(
+            Thresholds.from_options(backend.config), **{k: v for k, v in overrides.items() if v is not None}
+        )
+        try:
+            health = check_health(thresholds, options["database"] or database_for(backend), queues=backend.queues)
+        except DatabaseError as exc:
+            raise CommandError(f"ox health: cannot read the database: {exc}", returncode=EXIT_UNREACHABLE) from exc
+        if options["json"]:
+            self.stdout.write(json.dumps(health.as_dict(), default=str, indent=2))
+        else:
+            for q in health.queues:
+                self.stdout.write(
+                    f"{q.queue}: {q.ready} ready, {q.scheduled} scheduled, {q.running} running,"
+                    f" oldest ready {q.oldest_ready_age:.1f}s"
+                )
+            self.stdout.write(f"workers: {health.workers.alive} alive, {health.workers.stale} stale")
+            if health.table is not None:
+                t = health.table
+                self.stdout.write(
+                    f"{t.table}: {t.live_tuples} live, {t.dead_tuples} dead tuples, {t.total_bytes} bytes,"
+                    f" last autovacuum {t.last_autovacuum.isoformat() if t.last_autovacuum else 'never'}"
+                )
+            self.stdout.write("healthy" if health.healthy else "UNHEALTHY")
+        if not health.healthy:
+            raise CommandError("; ".join(health.problems), returncode=EXIT_UNHEALTHY)

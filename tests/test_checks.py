@@ -1,0 +1,129 @@
+"""One test per system check id: each misconfiguration is reported with its stable id."""
+
+import pytest
+from django.test import override_settings
+
+from ox import checks
+from tests.settings import DATABASES, TASKS
+
+BASE = TASKS["default"]
+
+
+def tasks_with(options=None, **params):
+    return {"default": {**BASE, "OPTIONS": options or {}, **params}}
+
+
+def ids(check):
+    return [m.id for m in check()]
+
+
+def every(task="tests.tasks.echo", **extra):
+    return {"task": task, "every": 60, **extra}
+
+
+def test_valid_settings_pass_every_check():
+    options = {"SCHEDULES": {"beat": every(), "nightly": {"task": "tests.tasks.noop", "cron": "0 3 * * *"}}}
+    with override_settings(TASKS=tasks_with(options), OX_METRICS_TOKEN="x" * 32):
+        for check in (
+            checks.check_options,
+            checks.check_schedules,
+            checks.check_database_settings,
+            checks.check_worker_policy,
+            checks.check_metrics_token,
+        ):
+            assert check() == [], check.__name__
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"MAX_ATTEMPTS": 0},
+        {"LEASE": -1},
+        {"NOPE": 1},
+        {"PRUNE": {"READY": "1d"}},
+        {"PRUNE": {"FAILED": "soon"}},
+        {"PRUNE_BATCH": 0},
+        {"HEALTH_MAX_READY_AGE": 0},
+    ],
+)
+def test_E001_bad_options(options):
+    with override_settings(TASKS=tasks_with(options)):
+        assert ids(checks.check_options) == ["ox.E001"]
+
+
+def test_E002_bad_schedule_definition_and_not_E001():
+    options = {"SCHEDULES": {"a": {"task": "tests.tasks.echo"}, "b": every(every=0), "c": every(args="x")}}
+    with override_settings(TASKS=tasks_with(options)):
+        assert ids(checks.check_schedules) == ["ox.E002"] * 3
+        assert ids(checks.check_options) == []  # reported once, with the precise id
+
+
+def test_E003_invalid_cron():
+    with override_settings(TASKS=tasks_with({"SCHEDULES": {"n": {"task": "tests.tasks.echo", "cron": "0 25 * * *"}}})):
+        messages = checks.check_schedules()
+    assert [m.id for m in messages] == ["ox.E003"] and "hour" in messages[0].msg
+
+
+@pytest.mark.parametrize("path", ["tests.tasks.missing", "nowhere.at_all", "tests.helpers.wait_until"])
+def test_E004_task_does_not_import_or_is_not_a_task(path):
+    with override_settings(TASKS=tasks_with({"SCHEDULES": {"s": every(path)}})):
+        assert ids(checks.check_schedules) == ["ox.E004"]
+
+
+def test_E005_schedule_queue_not_in_queues():
+    options = {"SCHEDULES": {"a": every(queue="nope"), "b": every("tests.tasks.other_queue")}}
+    with override_settings(TASKS=tasks_with(options, QUEUES=["default"])):
+        assert ids(checks.check_schedules) == ["ox.E005", "ox.E005"]  # explicit, and the task's own
+
+
+def test_E006_schedule_name_declared_twice():
+    both = {**tasks_with({"SCHEDULES": {"s": every()}}), "other": {**BASE, "OPTIONS": {"SCHEDULES": {"s": every()}}}}
+    with override_settings(TASKS=both):
+        assert ids(checks.check_schedules) == ["ox.E006"]
+
+
+def test_E007_database_alias_unknown():
+    with override_settings(TASKS=tasks_with({"DATABASE": "replica"})):
+        assert ids(checks.check_database_settings) == ["ox.E007"]
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_W001_sqlite_without_wal():
+    sqlite = {"ENGINE": "django.db.backends.sqlite3", "NAME": "/tmp/x.sqlite3", "OPTIONS": {"timeout": 5}}
+    wal = {**sqlite, "OPTIONS": {"init_command": "PRAGMA journal_mode = WAL;"}}
+    with override_settings(DATABASES={**DATABASES, "jobs": sqlite, "walled": wal}):
+        with override_settings(TASKS=tasks_with({"DATABASE": "jobs"})):
+            assert ids(checks.check_database_settings) == ["ox.W001"]
+        with override_settings(TASKS=tasks_with({"DATABASE": "walled"})):
+            assert ids(checks.check_database_settings) == []
+
+
+def test_W002_prefetch_with_a_single_attempt():
+    with override_settings(TASKS=tasks_with({"PREFETCH": 10, "MAX_ATTEMPTS": 1})):
+        assert ids(checks.check_worker_policy) == ["ox.W002"]
+    with override_settings(TASKS=tasks_with({"PREFETCH": 10, "MAX_ATTEMPTS": 3})):
+        assert ids(checks.check_worker_policy) == []
+
+
+def test_W003_heartbeat_too_close_to_lease():
+    with override_settings(TASKS=tasks_with({"HEARTBEAT": 15, "LEASE": 30})):
+        assert ids(checks.check_worker_policy) == ["ox.W003"]
+
+
+def test_W004_short_metrics_token():
+    with override_settings(OX_METRICS_TOKEN="short"):
+        assert ids(checks.check_metrics_token) == ["ox.W004"]
+
+
+def test_checks_are_registered_with_django():
+    from django.core.checks.registry import registry
+
+    registered = set(registry.get_checks())
+    for check in (
+        checks.check_options,
+        checks.check_schedules,
+        checks.check_database_settings,
+        checks.check_worker_policy,
+        checks.check_metrics_token,
+    ):
+        assert check in registered

@@ -1,0 +1,126 @@
+"""/ox/metrics: bearer token or staff login, Prometheus text format 0.0.4, real counts."""
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import override_settings
+from django.utils import timezone
+
+from ox.models import Attempt, Outcome, Status, Task
+from tests import tasks
+
+pytestmark = pytest.mark.django_db
+
+TOKEN = "a-metrics-token-long-enough"
+URL = "/ox/metrics"
+SAMPLE = re.compile(r'^[a-z_]+(\{([a-z_]+="[^"]*",?)+\})? -?[0-9.e+]+$')
+
+
+def parse(text):
+    """{(name, frozenset(labels)): value}, checking every line's shape on the way."""
+    samples, typed = {}, set()
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            continue
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert kind in {"gauge", "counter"}
+            typed.add(name)
+            continue
+        assert SAMPLE.match(line), line
+        head, value = line.rsplit(" ", 1)
+        name, _, labels = head.partition("{")
+        assert name in typed, f"{name} has no # TYPE line before it"
+        pairs = frozenset(tuple(p.split("=", 1)) for p in labels.rstrip("}").split(",") if p)
+        samples[(name, frozenset((k, v.strip('"')) for k, v in pairs))] = float(value)
+    return samples
+
+
+@override_settings(OX_METRICS_TOKEN=TOKEN)
+def test_no_credentials_is_401_with_a_bearer_challenge(client):
+    response = client.get(URL)
+    assert response.status_code == 401 and response["WWW-Authenticate"].startswith("Bearer")
+
+
+@override_settings(OX_METRICS_TOKEN=TOKEN)
+def test_wrong_token_is_401_and_right_token_is_200(client):
+    assert client.get(URL, headers={"Authorization": "Bearer nope"}).status_code == 401
+    response = client.get(URL, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+
+
+@override_settings(OX_METRICS_TOKEN="")
+def test_no_token_configured_means_no_token_works(client):
+    assert client.get(URL, headers={"Authorization": "Bearer "}).status_code == 401
+
+
+def test_staff_login_works_and_non_staff_is_403(client):
+    user = User.objects.create_user("someone", password="pw-long-enough")
+    client.force_login(user)
+    assert client.get(URL).status_code == 403
+    user.is_staff = True
+    user.save()
+    assert client.get(URL).status_code == 200
+
+
+def test_post_is_refused(admin_client):
+    assert admin_client.post(URL).status_code == 405
+
+
+def test_format_and_values(admin_client):
+    tasks.echo.enqueue(1)
+    tasks.echo.enqueue(2)
+    tasks.other_queue.using(run_after=timedelta(hours=1)).enqueue()
+    Task.objects.filter(queue="default").update(run_after=timezone.now() - timedelta(seconds=90))
+    done = tasks.echo.enqueue(3)
+    Task.objects.filter(pk=done.id).update(status=Status.SUCCESSFUL, finished_at=timezone.now())
+    failed = tasks.echo.enqueue(4)
+    Task.objects.filter(pk=failed.id).update(status=Status.FAILED, finished_at=timezone.now())
+    row = Task.objects.get(pk=failed.id)
+    Attempt.objects.create(task=row, number=1, finished_at=timezone.now(), outcome=Outcome.TIMED_OUT)
+    Attempt.objects.create(
+        task=row, number=0, finished_at=timezone.now() - timedelta(hours=1), outcome=Outcome.FAILED
+    )  # outside the window
+    text = admin_client.get(URL).content.decode()
+    samples = parse(text)
+
+    def value(name, **labels):
+        return samples[(name, frozenset(labels.items()))]
+
+    assert value("ox_tasks", queue="default", status="READY") == 2
+    assert value("ox_tasks", queue="other", status="SCHEDULED") == 1
+    assert value("ox_tasks", queue="emails", status="RUNNING") == 0
+    assert 89 <= value("ox_oldest_ready_age_seconds", queue="default") < 150
+    assert value("ox_tasks_finished_recent", queue="default", status="SUCCESSFUL") == 1
+    assert value("ox_tasks_finished_recent", queue="default", status="FAILED") == 1
+    assert value("ox_attempts_failed_recent", outcome="timed_out") == 1
+    assert value("ox_attempts_failed_recent", outcome="failed") == 0
+    assert value("ox_workers", state="alive") == 0
+    assert "# HELP ox_tasks " in text and "# TYPE ox_tasks gauge" in text
+    assert text.endswith("\n")
+
+
+@override_settings(
+    TASKS={
+        "default": {
+            "BACKEND": "ox.backend.OxBackend",
+            "QUEUES": ["default"],
+            "OPTIONS": {"SCHEDULES": {"beat": {"task": "tests.tasks.noop", "every": 60}}},
+        }
+    }
+)
+def test_schedules_are_exported(admin_client):
+    samples = parse(admin_client.get(URL).content.decode())
+    next_tick = samples[("ox_schedule_next_tick_timestamp_seconds", frozenset({("schedule", "beat")}))]
+    assert timezone.now().timestamp() < next_tick <= timezone.now().timestamp() + 60
+    assert samples[("ox_schedule_missed", frozenset({("schedule", "beat")}))] == 0
+
+
+def test_label_values_are_escaped():
+    from ox.metrics import _family
+
+    lines = _family("m", "gauge", "help", [({"queue": 'a"b\\c\nd'}, 1)])
+    assert lines[-1] == 'm{queue="a\\"b\\\\c\\nd"} 1'
