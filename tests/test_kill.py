@@ -1,0 +1,76 @@
+"""The kill test: SIGKILL workers again and again while they drain; nothing may be lost.
+
+Size by env: OX_KILL_TASKS (default 2000), OX_KILL_COUNT (default 20)."""
+
+import os
+import random
+import signal
+import statistics
+import time
+
+import pytest
+from django.db import connection
+from django.db.models import Count
+from django.utils import timezone
+
+from ox.models import Attempt, Outcome, Status, Task, Worker
+from tests import tasks
+from tests.test_durability import options
+from tests.testapp.models import Ledger
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+TASKS = int(os.environ.get("OX_KILL_TASKS", "2000"))
+KILLS = int(os.environ.get("OX_KILL_COUNT", "20"))
+
+
+def test_kill_workers_while_draining(start_worker):
+    from ox import enqueue_many
+
+    enqueue_many(tasks.record_then_sleep, [((f"k{i}", 0.02), {}) for i in range(TASKS)])
+    # SQLite has no liveness lock: rescue waits for the lease, so keep it short here.
+    env = options(lease=3, heartbeat=0.5, rescue_interval=0.5) if connection.vendor == "sqlite" else {}
+    workers = [start_worker("--concurrency", "2", env=env) for _ in range(3)]
+    kills: list[tuple[float, str]] = []  # (wall time of the kill, worker id)
+    rng = random.Random(7)
+    deadline = time.monotonic() + 240
+    while len(kills) < KILLS and time.monotonic() < deadline:
+        time.sleep(0.35)
+        live = [w for w in workers if w.proc.poll() is None]
+        ids = dict(Worker.objects.filter(pid__in=[w.pid for w in live]).values_list("pid", "id"))
+        busy = [w for w in live if Task.objects.filter(status=Status.RUNNING, worker_id=ids.get(w.pid, "?")).exists()]
+        if not busy:
+            if not Task.objects.filter(status__in=[Status.READY, Status.RUNNING]).exists():
+                break  # drained before every kill was spent
+            continue
+        victim = rng.choice(busy)
+        victim.signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        kills.append((time.time(), ids[victim.pid]))
+        workers.remove(victim)
+        workers.append(start_worker("--concurrency", "2", env=env))
+    while time.monotonic() < deadline and Task.objects.filter(status__in=[Status.READY, Status.RUNNING]).exists():
+        time.sleep(0.2)
+
+    statuses = dict(Task.objects.values_list("status").annotate(n=Count("id")))
+    runs = Ledger.objects.count()
+    keys = Ledger.objects.values("key").distinct().count()
+    lost = list(Attempt.objects.filter(outcome=Outcome.LOST).values_list("worker_id", "finished_at"))
+    kill_times = dict((w, t) for t, w in kills)
+    rescue_s = sorted(f.timestamp() - kill_times[w] for w, f in lost if w in kill_times)
+    print(
+        f"\nkill test on {connection.vendor}: {TASKS} tasks, {len(kills)} SIGKILLs, statuses {statuses}, "
+        f"executions {runs}, run twice {runs - keys}, rescued {len(rescue_s)}; kill-to-rescue "
+        + (f"median {statistics.median(rescue_s):.2f} s max {max(rescue_s):.2f} s" if rescue_s else "n/a")
+    )
+    assert len(kills) >= min(KILLS, 5), "the drain finished before the kills could happen"
+    assert statuses == {Status.SUCCESSFUL: TASKS}, statuses
+    assert keys == TASKS  # every task's body ran at least once
+    assert rescue_s, "no task was rescued"
+    if connection.vendor == "postgresql":
+        assert statistics.median(rescue_s) <= 2.0
+    assert Task.objects.filter(finished_at__gt=timezone.now()).count() == 0
+    for w in workers:
+        w.signal(signal.SIGTERM)
+    for w in workers:
+        assert w.wait(timeout=30) == 0
