@@ -38,7 +38,8 @@ class CappedPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        return min(self.object_list[: self.cap + 1].count(), self.cap + 1)
+        # Unordered: the planner may then count from whichever index fits the filter.
+        return self.object_list.order_by()[: self.cap + 1].count()
 
     @property
     def capped(self) -> bool:
