@@ -27,8 +27,12 @@ class TaskFilter(django_filters.FilterSet):
     status = django_filters.ChoiceFilter(choices=Status.choices, empty_label="any status")
     queue = django_filters.CharFilter(field_name="queue", lookup_expr="exact")
     task = django_filters.CharFilter(method="filter_task", label="Task path")
-    enqueued_after = django_filters.DateTimeFilter(method="filter_enqueued_after", widget=DateTimeLocalInput())
-    enqueued_before = django_filters.DateTimeFilter(method="filter_enqueued_before", widget=DateTimeLocalInput())
+    enqueued_after = django_filters.DateTimeFilter(
+        method="filter_enqueued_after", label="Enqueued after", widget=DateTimeLocalInput()
+    )
+    enqueued_before = django_filters.DateTimeFilter(
+        method="filter_enqueued_before", label="Enqueued before", widget=DateTimeLocalInput()
+    )
     id = django_filters.UUIDFilter(field_name="id", label="Task id")
 
     class Meta:

@@ -219,3 +219,8 @@ def test_workers_live_and_stale(client, staff):
     response = client.get(reverse("dashboard:workers"))
     states = {s.worker.id: (s.state, s.in_flight) for s in response.context["workers"]}
     assert states == {"live-1": ("live", 1), "stale-1": ("stale", 0), "stopped-1": ("stopped", 0)}
+
+
+def test_filter_form_labels(client, staff):
+    body = client.get(reverse("dashboard:tasks")).content.decode()
+    assert "Enqueued after" in body and "Enqueued before" in body and "[invalid name]" not in body
