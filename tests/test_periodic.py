@@ -79,13 +79,15 @@ def test_bad_schedules_are_refused_with_their_check_id(spec, check_id):
 
 # ---------------------------------------------------------------- firing on a connection
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Firing runs on separate connections (threads, worker subprocesses): committed data.
+db = pytest.mark.django_db(transaction=True)
 
 
 def backend():
     return task_backends["default"]
 
 
+@db
 def test_a_tick_fires_once_and_enqueues_its_task():
     s = every(60)
     ticker = Ticker(backend(), [s])
@@ -97,6 +99,7 @@ def test_a_tick_fires_once_and_enqueues_its_task():
     assert task.task_path == "tests.tasks.echo" and task.args == ["hi"] and task.queue == "default"
 
 
+@db
 def test_queue_and_priority_overrides_reach_the_task():
     s = every(60, queue="reports", priority=7)
     Ticker(backend(), [s]).fire(connection, s, s.latest_tick(NOW), NOW)
@@ -104,6 +107,7 @@ def test_queue_and_priority_overrides_reach_the_task():
     assert (task.queue, task.priority) == ("reports", 7)
 
 
+@db
 def test_ticker_run_fires_each_due_tick_once():
     s = every(60)
     ticker = Ticker(backend(), [s])
@@ -117,6 +121,7 @@ def test_ticker_run_fires_each_due_tick_once():
     assert Task.objects.count() == 2
 
 
+@db
 def test_threads_racing_on_their_own_connections_fire_a_tick_once():
     s = every(60)
     due = s.latest_tick(NOW)
@@ -143,6 +148,7 @@ def test_threads_racing_on_their_own_connections_fire_a_tick_once():
     assert Tick.objects.count() == 1 and Task.objects.count() == 1
 
 
+@db
 def test_missed_ticks_latest_fires_once_late_and_older_ones_are_counted():
     s = every(60)
     Tick.objects.create(schedule="beat", tick_at=NOW - timedelta(minutes=10, seconds=30), fired_at=NOW)
@@ -154,6 +160,7 @@ def test_missed_ticks_latest_fires_once_late_and_older_ones_are_counted():
     assert Task.objects.filter(pk=newest.task_id).exists() and Task.objects.count() == 1
 
 
+@db
 def test_missed_policy_skip_records_a_late_tick_without_running_it():
     s = every(600, missed="skip")
     Tick.objects.create(schedule="beat", tick_at=datetime(2026, 3, 10, 11, 40, tzinfo=UTC), fired_at=NOW)
@@ -165,6 +172,7 @@ def test_missed_policy_skip_records_a_late_tick_without_running_it():
     assert not Task.objects.exists()
 
 
+@db
 def test_a_new_schedule_starts_with_its_next_tick_not_a_stale_one():
     s = cron("0 3 * * *")
     ticker = Ticker(backend(), [s])
@@ -174,6 +182,7 @@ def test_a_new_schedule_starts_with_its_next_tick_not_a_stale_one():
     assert Tick.objects.get().tick_at == datetime(2026, 3, 11, 3, 0, tzinfo=UTC)
 
 
+@db
 def test_an_unimportable_task_is_logged_and_does_not_stop_the_ticker(caplog):
     broken = parse_schedule("broken", {"task": "tests.tasks.nope", "every": 60})
     good = every(60)
@@ -182,6 +191,7 @@ def test_an_unimportable_task_is_logged_and_does_not_stop_the_ticker(caplog):
     assert list(Tick.objects.values_list("schedule", flat=True)) == ["beat"]
 
 
+@db
 def test_old_tick_rows_are_forgotten_beyond_the_kept_number():
     s = every(1)
     ticker = Ticker(backend(), [s])
@@ -207,6 +217,7 @@ SCHEDULED = {
 }
 
 
+@db
 @override_settings(TASKS=SCHEDULED)
 def test_schedule_status_reports_last_and_next_run_and_flags_missed():
     Tick.objects.create(
@@ -228,6 +239,7 @@ def test_schedule_status_reports_last_and_next_run_and_flags_missed():
 # ---------------------------------------------------------------- real workers racing
 
 
+@db
 @pytest.mark.slow
 def test_real_workers_racing_fire_each_tick_exactly_once(start_worker):
     options = {"SCHEDULES": {"beat": {"task": "tests.tasks.record", "every": 1, "args": ["beat"]}}}
