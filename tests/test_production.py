@@ -149,9 +149,9 @@ def test_gunicorn_and_worker_from_the_entrypoint(tmp_path, processes):
     assert web.stop() == 0, web.output()
     assert worker.stop() == 0, worker.output()
     # OX_LOG_FORMAT=json: the worker's log lines are JSON a collector can parse.
-    lines = [json.loads(line) for line in worker.output().splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in worker.output().splitlines() if line.strip()]
     started = [entry for entry in lines if entry["message"].startswith("worker started")]
-    assert len(started) == 2 and all(entry["logger"] == "ox.worker" and "worker" in entry for entry in started)
+    assert len(started) == 2 and all(entry["logger"] == "ox.worker" for entry in started)
 
 
 def run_settings_check(env):
