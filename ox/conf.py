@@ -23,7 +23,8 @@ class OxOptions:
     poll_interval: float = 1.0
     shutdown_grace: float = 30.0
     interrupt_grace: float = 10.0  # how long a timed-out thread may ignore its interrupt
-    prefetch: int = 0  # tasks claimed beyond free slots (only worth it for short tasks)
+    prefetch: int = 100  # at most this many tasks claimed beyond the free slots...
+    prefetch_window: float | None = 0.05  # ...about this many seconds of work (None: always PREFETCH)
     completion_batch: int = 100
     completion_flush_ms: float = 5.0
     notify: bool = True  # PostgreSQL: NOTIFY idle workers at enqueue commit
@@ -67,6 +68,8 @@ class OxOptions:
             positive(f"queue_timeouts[{queue}]", seconds)
         if self.heartbeat >= self.lease:
             raise ImproperlyConfigured("ox OPTIONS HEARTBEAT must be shorter than LEASE")
+        if self.prefetch_window is not None:
+            positive("prefetch_window", self.prefetch_window)
         if not isinstance(self.prefetch, int) or self.prefetch < 0:
             raise ImproperlyConfigured(f"ox OPTIONS PREFETCH must be an integer >= 0, got {self.prefetch!r}")
         if not isinstance(self.completion_batch, int) or self.completion_batch < 1:

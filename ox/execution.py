@@ -4,11 +4,14 @@ what happened. Nothing here writes the queue's tables; the worker loop does that
 import asyncio
 import inspect
 import json
+import threading
+import time
 import traceback
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import close_old_connections, reset_queries
 from django.tasks import Task as DjangoTask
 from django.tasks import TaskContext, TaskResult, TaskResultStatus
@@ -53,6 +56,11 @@ class Finished:
     retryable: bool = True
 
 
+def _now() -> datetime:
+    # django.utils.timezone.now() reads settings on every call; ox requires USE_TZ (ox.E008).
+    return datetime.now(UTC)
+
+
 def describe(exc: BaseException) -> tuple[str, str]:
     """Class path and traceback text, even for exceptions whose str() or repr() raise."""
     path = class_path(type(exc))
@@ -83,14 +91,55 @@ def unrunnable(
     )
 
 
-_signatures: dict[Any, inspect.Signature] = {}
+@dataclass(frozen=True, slots=True)
+class _Resolved:
+    task: DjangoTask
+    is_async: bool
+    timeout: float | None
 
 
-def _signature(func: Any) -> inspect.Signature:
-    sig = _signatures.get(func)
-    if sig is None:
-        sig = _signatures[func] = inspect.signature(func)
-    return sig
+_resolved: dict[str, _Resolved] = {}  # task path -> what the worker needs of it (imports are for life)
+
+
+def _resolve(task_path: str) -> _Resolved:
+    info = _resolved.get(task_path)
+    if info is None:
+        task = resolve_task(task_path)
+        info = _resolved[task_path] = _Resolved(
+            task, inspect.iscoroutinefunction(task.func), getattr(task, "timeout", None)
+        )
+    return info
+
+
+def running_result(
+    task: DjangoTask,
+    claimed: Claimed,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    backend_alias: str,
+    errors: list[TaskError],
+    worker_ids: list[str],
+) -> TaskResult:
+    """Django's TaskResult for a task being run. Built field by field: TaskResult's own
+    __init__ normalizes args through JSON again, and these just came out of JSON."""
+    result = object.__new__(TaskResult)
+    for name, value in (
+        ("task", with_row_settings(task, claimed.priority, claimed.queue, None)),
+        ("id", str(claimed.id)),
+        ("status", TaskResultStatus.RUNNING),
+        ("enqueued_at", claimed.enqueued_at),
+        ("started_at", claimed.started_at),
+        ("finished_at", None),
+        ("last_attempted_at", claimed.last_attempted_at),
+        ("args", args),
+        ("kwargs", kwargs),
+        ("backend", backend_alias),
+        ("errors", errors),
+        ("worker_ids", worker_ids),
+        ("_return_value", None),
+    ):
+        object.__setattr__(result, name, value)
+    return result
 
 
 def prepare(
@@ -100,9 +149,10 @@ def prepare(
     history: tuple[list[TaskError], list[str]],
     timeout: float | None,
 ) -> "Prepared | Finished":
-    """Everything that can go wrong before the call: the path, the row, the signature."""
+    """Everything that can go wrong before the call: the path and the row. (Arguments that
+    no longer fit the function are caught at the call, see misfit().)"""
     try:
-        task = resolve_task(claimed.task_path)
+        info = _resolve(claimed.task_path)
     except Exception as exc:  # noqa: BLE001
         # Retried by policy: during a rolling deploy an old worker may not know a new task.
         return unrunnable(claimed, str(exc), retryable=True, cause=exc)
@@ -113,36 +163,27 @@ def prepare(
             raise ValueError("args must be a JSON array and kwargs a JSON object")
     except ValueError as exc:
         return unrunnable(claimed, f"The stored arguments do not decode: {exc}")
-    call_args = [None, *args] if task.takes_context else args
-    try:
-        _signature(task.func).bind(*call_args, **kwargs)
-    except TypeError as exc:
-        return unrunnable(claimed, f"The stored arguments no longer fit {claimed.task_path}: {exc}")
     errors, previous_workers = history
-    result = TaskResult(
-        task=with_row_settings(task, claimed.priority, claimed.queue, None),
-        id=str(claimed.id),
-        status=TaskResultStatus.RUNNING,
-        enqueued_at=claimed.enqueued_at,
-        started_at=claimed.started_at,
-        finished_at=None,
-        last_attempted_at=claimed.last_attempted_at,
-        args=args,
-        kwargs=kwargs,
-        backend=backend_alias,
-        errors=list(errors),
-        worker_ids=[*previous_workers, worker_id],
+    result = running_result(
+        info.task, claimed, args, kwargs, backend_alias, list(errors), [*previous_workers, worker_id]
     )
-    task_timeout = getattr(task, "timeout", None)
     return Prepared(
         claimed=claimed,
-        task=task,
+        task=info.task,
         args=args,
         kwargs=kwargs,
         result=result,
-        timeout=task_timeout if task_timeout is not None else timeout,
-        is_async=inspect.iscoroutinefunction(task.func),
+        timeout=info.timeout if info.timeout is not None else timeout,
+        is_async=info.is_async,
     )
+
+
+def misfit(prep: Prepared, exc: BaseException) -> Finished | None:
+    """A TypeError raised by the call itself, before any line of the function ran: the
+    stored arguments no longer fit its signature. Permanent, so no retry."""
+    if isinstance(exc, TypeError) and exc.__traceback__ is not None and exc.__traceback__.tb_next is None:
+        return unrunnable(prep.claimed, f"The stored arguments no longer fit {prep.claimed.task_path}: {exc}")
+    return None
 
 
 def _call_args(prep: Prepared) -> list[Any]:
@@ -150,6 +191,8 @@ def _call_args(prep: Prepared) -> list[Any]:
 
 
 def _finish_value(prep: Prepared, started: datetime, value: Any) -> Finished:
+    if value is None:  # the common case, without the walk
+        return Finished(prep.claimed, SUCCESSFUL, started, _now(), task=prep.task, result=prep.result)
     problem = json_problem(value, "the return value")
     if problem:
         exc = TypeError(f"Task return values must survive a JSON round trip: {problem}.")
@@ -158,7 +201,7 @@ def _finish_value(prep: Prepared, started: datetime, value: Any) -> Finished:
         claimed=prep.claimed,
         kind=SUCCESSFUL,
         started_at=started,
-        finished_at=timezone.now(),
+        finished_at=_now(),
         return_json=json.dumps(normalize_json(value)),
         task=prep.task,
         result=prep.result,
@@ -171,7 +214,7 @@ def _finish_error(prep: Prepared, started: datetime, exc: BaseException, kind: s
         claimed=prep.claimed,
         kind=kind,
         started_at=started,
-        finished_at=timezone.now(),
+        finished_at=_now(),
         exception_class_path=path,
         traceback=text,
         exception=exc,
@@ -188,12 +231,31 @@ def _kind_of(exc: BaseException) -> str:
     return Outcome.FAILED
 
 
+_thread_state = threading.local()
+
+
+def _before_task() -> None:
+    """Django's request-start hygiene: fresh query log, no connection past its age. The
+    check is skipped when this thread ran the same check a moment ago, after its last task."""
+    if settings.DEBUG:
+        reset_queries()
+    if time.monotonic() - getattr(_thread_state, "checked_at", 0.0) > 1.0:
+        close_old_connections()
+
+
+def _after_task() -> None:
+    try:
+        close_old_connections()
+    except Exception:  # noqa: BLE001, S110  (a broken connection is closed anyway)
+        pass
+    _thread_state.checked_at = time.monotonic()
+
+
 def run_sync(prep: Prepared, interrupter: Interrupter, sender: type) -> Finished:
     """Run a sync task in the calling (pool) thread, with Django's per-request connection
     handling around it."""
-    reset_queries()
-    close_old_connections()
-    started = timezone.now()
+    _before_task()
+    started = _now()
     finished: Finished | None = None
     interrupter.enter(prep.claimed.id)
     try:
@@ -204,15 +266,12 @@ def run_sync(prep: Prepared, interrupter: Interrupter, sender: type) -> Finished
         except TaskInterrupt as exc:
             finished = _finish_error(prep, started, exc, _kind_of(exc))
         except BaseException as exc:  # noqa: BLE001  (SystemExit from a task is the task's failure)
-            finished = _finish_error(prep, started, exc, Outcome.FAILED)
+            finished = misfit(prep, exc) or _finish_error(prep, started, exc, Outcome.FAILED)
     except TaskInterrupt as exc:  # landed while we were recording the outcome
         finished = finished or _finish_error(prep, started, exc, _kind_of(exc))
     finally:
         interrupter.leave(prep.claimed.id)
-    try:
-        close_old_connections()
-    except Exception:  # noqa: BLE001, S110  (a broken connection is closed anyway)
-        pass
+    _after_task()
     return finished
 
 
@@ -225,11 +284,15 @@ class AsyncRunner:
         self._reasons: dict[Any, type[TaskInterrupt]] = {}
 
     async def run(self, prep: Prepared, sender: type) -> Finished:
-        started = timezone.now()
+        started = _now()
         key = prep.claimed.id
         try:
             await task_started.asend(sender=sender, task_result=prep.result)
-            inner = asyncio.ensure_future(prep.task.func(*_call_args(prep), **prep.kwargs))
+            try:
+                coroutine = prep.task.func(*_call_args(prep), **prep.kwargs)
+            except TypeError as exc:
+                return misfit(prep, exc) or _finish_error(prep, started, exc, Outcome.FAILED)
+            inner = asyncio.ensure_future(coroutine)
             self._inner[key] = inner
             try:
                 async with asyncio.timeout(prep.timeout) as scope:

@@ -25,6 +25,7 @@ class Interrupter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._threads: dict[uuid.UUID, int] = {}
+        self._sent: set[uuid.UUID] = set()  # interrupted: may have an exception pending
 
     def enter(self, task_id: uuid.UUID) -> None:
         with self._lock:
@@ -37,7 +38,9 @@ class Interrupter:
             try:
                 with self._lock:
                     self._threads.pop(task_id, None)
-                    _raise_in(threading.get_ident(), None)
+                    if task_id in self._sent:
+                        self._sent.discard(task_id)
+                        _raise_in(threading.get_ident(), None)
                 return
             except TaskInterrupt:
                 continue
@@ -47,5 +50,6 @@ class Interrupter:
             thread_id = self._threads.get(task_id)
             if thread_id is None:
                 return False
+            self._sent.add(task_id)
             _raise_in(thread_id, exc_type)
             return True

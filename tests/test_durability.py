@@ -202,7 +202,7 @@ def test_manual_retry_keeps_history_and_runs_again(start_worker):
 def test_sigterm_hands_back_claimed_unstarted_tasks(start_worker):
     running = tasks.record_then_sleep.enqueue("started", 1.5)
     waiting = [tasks.echo.enqueue(i) for i in range(5)]
-    worker = start_worker("--concurrency", "1", env=options(prefetch=5))
+    worker = start_worker("--concurrency", "1", env=options(prefetch=5, prefetch_window=None))
     wait_until(lambda: Ledger.objects.filter(key="started").exists(), timeout=20)
     wait_until(lambda: Task.objects.filter(status=Status.RUNNING).count() == 6, timeout=5)
     worker.signal(signal.SIGTERM)
