@@ -1,0 +1,1 @@
+"""The benchmark harness: ox against its published peers on the same database (issue 4)."""

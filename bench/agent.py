@@ -1,0 +1,33 @@
+"""One job for one arm, in a process of its own: `python -m bench.agent '<json>'`.
+
+The harness starts an agent per (cell, repetition, arm) with DJANGO_SETTINGS_MODULE naming
+the arm's settings, so the three systems never share a Python process, an app registry or a
+database. The agent prints exactly one line starting with RESULT_MARK: the job's JSON.
+"""
+
+import json
+import sys
+import traceback
+
+RESULT_MARK = "BENCH-RESULT "
+
+
+def main() -> None:
+    job = json.loads(sys.argv[1])
+    try:
+        import django
+
+        django.setup()
+        from bench import jobs
+        from bench.arms import load
+
+        result = jobs.JOBS[job["job"]](load(job["arm"]), job.get("params", {}))
+        out = {"ok": True, "result": result}
+    except Exception:  # report every failure to the harness, which records it and goes on
+        out = {"ok": False, "error": traceback.format_exc()}
+    sys.stdout.write(RESULT_MARK + json.dumps(out) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

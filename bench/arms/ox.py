@@ -1,0 +1,54 @@
+"""Arm "ox": this repository. Worker: `manage.py runworker --concurrency N` (threads);
+bulk: ox.enqueue_many (multi-row INSERTs)."""
+
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from django.tasks import Task
+
+from bench.arms.base import Arm, Calls
+
+
+class OxArm(Arm):
+    name = "ox"
+    bulk_path = "ox.enqueue_many(task, calls): multi-row INSERTs of 1,000 rows"
+    terminal_statuses = ("SUCCESSFUL", "FAILED", "CANCELLED")
+
+    def __init__(self) -> None:
+        from ox.models import Task as TaskRow
+
+        self.model = TaskRow
+
+    def worker_argv(self, concurrency: int, ident: str, interval: float | None) -> list[str]:
+        argv = ["runworker", "--concurrency", str(concurrency), "--queues", "default", "-v", "0"]
+        return argv + (["--interval", str(interval)] if interval else [])
+
+    def running_on(self, ident: str, pid: int) -> list[int]:
+        # ox worker ids are "<host>:<pid>:<random>"
+        rows = self.model.objects.filter(status="RUNNING", worker_id__contains=f":{pid}:").values_list("args")
+        return [args[0] for (args,) in rows if args]
+
+    def ready(self, pids: Sequence[int]) -> bool | None:
+        from ox.models import Worker
+
+        return Worker.objects.filter(pid__in=list(pids), stopped_at__isnull=True).count() >= len(pids)
+
+    def bulk_enqueue(self, task: Task, calls: Calls) -> None:
+        import ox
+
+        ox.enqueue_many(task, calls)
+
+    def tables(self) -> list[str]:
+        from ox.models import Attempt, Worker
+
+        return [self.model._meta.db_table, Attempt._meta.db_table, Worker._meta.db_table]
+
+    def options(self) -> dict[str, Any]:
+        from django.tasks import task_backends
+
+        backend = task_backends["default"]
+        return {"backend": "ox.backend.OxBackend", "OPTIONS": backend.options, "in_force": asdict(backend.config)}
+
+
+ARM = OxArm()

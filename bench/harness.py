@@ -1,0 +1,241 @@
+"""Run the matrix: create each arm's database, then for every cell and repetition run one
+agent per arm, arms in rotating order, keeping every sample; write the results file after
+every cell; print the table."""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from bench import envinfo, procs, report
+from bench.agent import RESULT_MARK
+from bench.arms import ARM_NAMES, ARMS
+from bench.plan import Cell, build
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+VAR = BENCH / "var"
+SCHEMA = 1
+
+
+INFRA_ERRORS = (
+    "terminating connection due to administrator command",
+    "the database system is shutting down",
+    "the database system is starting up",
+    "connection refused",
+    "server closed the connection unexpectedly",
+)
+
+
+def infrastructure_failure(error: str) -> bool:
+    return any(marker in error for marker in INFRA_ERRORS)
+
+
+class Harness:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.mode = "quick" if args.quick else "full"
+        self.arms = [a for a in ARM_NAMES if not args.arms or a in args.arms.split(",")]
+        self.pg_base = args.pg_url.rstrip("/")
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        self.run_id = f"{stamp}-{self.mode}"
+        self.out = Path(args.out) if args.out else BENCH / "results" / f"{self.run_id}.json"
+        self.logs = VAR / "logs" / self.run_id
+        plan = build(self.mode)
+        if args.cells:
+            wanted = set(args.cells.split(","))
+            plan = [c for c in plan if c.name in wanted]
+        self.plan = plan
+        self.doc: dict[str, Any] = {}
+
+    # ---------------------------------------------------------------- databases
+    def db_url(self, arm: str, db: str) -> str:
+        if db == "sqlite":
+            return f"sqlite:///{VAR / 'sqlite' / (ARMS[arm][2] + '.sqlite3')}"
+        return f"{self.pg_base}/{ARMS[arm][2]}"
+
+    def create_databases(self) -> None:
+        """Fresh databases for every run: PostgreSQL ones dropped and created, SQLite files removed."""
+        with psycopg.connect(f"{self.pg_base}/postgres", autocommit=True, connect_timeout=5) as conn:
+            for arm in self.arms:
+                name = sql.Identifier(ARMS[arm][2])
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
+        (VAR / "sqlite").mkdir(parents=True, exist_ok=True)
+        for arm in self.arms:
+            for suffix in ("", "-wal", "-shm"):
+                Path(self.db_url(arm, "sqlite").removeprefix("sqlite:///") + suffix).unlink(missing_ok=True)
+
+    # ---------------------------------------------------------------- agents
+    def agent(self, arm: str, job: str, params: dict[str, Any], db: str, timeout: float, label: str) -> dict:
+        """Run one job in a fresh process with the arm's settings. On timeout the agent and
+        every process it started are killed by pid."""
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": ARMS[arm][0], "BENCH_DB_URL": self.db_url(arm, db)}
+        env.pop("DATABASE_URL", None)
+        log_dir = self.logs / label
+        log_dir.mkdir(parents=True, exist_ok=True)
+        payload = json.dumps({"arm": arm, "job": job, "params": {**params, "log_dir": str(log_dir)}})
+        with open(log_dir / "agent.log", "ab") as err:
+            agent = subprocess.Popen(  # noqa: S603
+                [sys.executable, "-m", "bench.agent", payload],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=err,
+            )
+            try:
+                out, _ = agent.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                for pid in procs.descendants(agent.pid):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                agent.kill()
+                agent.wait()
+                return {"ok": False, "error": f"agent timed out after {timeout:.0f} s"}
+        for line in reversed(out.decode(errors="replace").splitlines()):
+            if line.startswith(RESULT_MARK):
+                return json.loads(line[len(RESULT_MARK) :])
+        return {"ok": False, "error": f"agent exited {agent.returncode} without a result; see {log_dir}/agent.log"}
+
+    # ---------------------------------------------------------------- the run
+    def prepare(self) -> None:
+        self.create_databases()
+        environment = envinfo.collect(f"{self.pg_base}/postgres")
+        dbs = sorted({c.db for c in self.plan} | {"pg"})
+        arms_info: dict[str, Any] = {}
+        for arm in self.arms:
+            arms_info[arm] = {}
+            for db in dbs:
+                res = self.agent(arm, "setup", {}, db, 300, f"setup-{arm}-{db}")
+                if not res["ok"]:
+                    raise SystemExit(f"setting up {arm} on {db} failed:\n{res['error']}")
+                arms_info[arm][db] = res["result"]["info"]
+        environment["arms"] = arms_info
+        self.doc = {
+            "schema": SCHEMA,
+            "run_id": self.run_id,
+            "started_at": datetime.now(UTC).isoformat(),
+            "finished_at": None,
+            **envinfo.git_info(),
+            "mode": self.mode,
+            "arms": self.arms,
+            "environment": environment,
+            "options": {
+                "argv": sys.argv[1:],
+                "order": "arms rotate per repetition (and per cell), so no arm always runs first",
+                "database_urls": {a: {db: self.db_url(a, db) for db in dbs} for a in self.arms},
+                "plan": [asdict(c) for c in self.plan],
+            },
+            "cells": [],
+            "runs": [],
+        }
+
+    def run_cell(self, index: int, cell: Cell) -> None:
+        arms = [a for a in self.arms if a in cell.arms]
+        samples: dict[str, dict[str, list[float]]] = {a: {} for a in arms}
+        for rep in range(cell.reps):
+            shift = (index + rep) % len(arms)
+            for arm in arms[shift:] + arms[:shift]:
+                label = f"{cell.name}-{rep}-{arm}"
+                print(f"  {label} ...", end="", flush=True)
+                started = time.monotonic()
+                res = self.agent(arm, cell.job, cell.params, cell.db, cell.timeout, label)
+                retried = None
+                if not res["ok"] and infrastructure_failure(res.get("error") or ""):
+                    # The database went away under us (a restart by someone else on a shared
+                    # machine): not the arm's doing. One retry; the first error is kept.
+                    retried = res["error"]
+                    time.sleep(3)
+                    res = self.agent(arm, cell.job, cell.params, cell.db, cell.timeout, label + "-retry")
+                seconds = time.monotonic() - started
+                print(f" {seconds:.1f} s{'' if res['ok'] else ' FAILED'}", flush=True)
+                result = res.get("result") or {}
+                self.doc["runs"].append(
+                    {
+                        "cell": cell.name,
+                        "rep": rep,
+                        "arm": arm,
+                        "seconds": seconds,
+                        "ok": res["ok"],
+                        "error": res.get("error"),
+                        "retried_after": retried,
+                        "result": result,
+                    }
+                )
+                for metric in cell.metrics:
+                    value = result.get(metric.key)
+                    if value is None:
+                        continue
+                    kept = samples[arm].setdefault(metric.key, [])
+                    kept.extend(value if isinstance(value, list) else [value])
+        for metric in cell.metrics:
+            entry = {
+                "name": cell.name,
+                "metric": metric.name,
+                "unit": metric.unit,
+                "higher_is_better": metric.higher_is_better,
+                "stat": metric.stat,
+                "db": cell.db,
+                "about": cell.about,
+                "arms": {},
+            }
+            for arm in arms:
+                kept = samples[arm].get(metric.key, [])
+                entry["arms"][arm] = {"samples": kept, "value": report.summarize(kept, metric.stat)}
+            ours = entry["arms"].get(report.OURS, {}).get("value")
+            entry["ratios"] = {a: report.ratio(ours, entry["arms"][a]["value"]) for a in arms if a != report.OURS}
+            self.doc["cells"].append(entry)
+
+    def write(self) -> None:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.doc, indent=1, default=str) + "\n")
+        tmp.replace(self.out)
+
+    def run(self) -> None:
+        print(f"oxproject bench, {self.mode} mode: {len(self.plan)} cells, arms {', '.join(self.arms)}")
+        started = time.monotonic()
+        self.prepare()
+        for index, cell in enumerate(self.plan):
+            print(f"[{index + 1}/{len(self.plan)}] {cell.name}: {cell.about}", flush=True)
+            self.run_cell(index, cell)
+            self.write()
+        self.doc["finished_at"] = datetime.now(UTC).isoformat()
+        self.doc["environment"]["load_average_end"] = envinfo.load_average()
+        self.doc["environment"]["duration_s"] = time.monotonic() - started
+        self.write()
+        print()
+        print(report.table(self.doc))
+        for line in report.notes(self.doc):
+            print("note:", line)
+        print(f"\nresults: {self.out.relative_to(REPO) if self.out.is_relative_to(REPO) else self.out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="bench", description="ox against its peers (see bench/README.md)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, fewer cells (about two minutes)")
+    parser.add_argument("--cells", default="", help="comma-separated cell names to run (default: the whole plan)")
+    parser.add_argument("--arms", default="", help=f"comma-separated subset of {','.join(ARM_NAMES)}")
+    parser.add_argument("--pg-url", default=os.environ.get("BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432"))
+    parser.add_argument("--out", default="", help="results file (default: bench/results/<utc time>-<mode>.json)")
+    parser.add_argument("--report", metavar="FILE", help="print the table of an existing results file and exit")
+    args = parser.parse_args(argv)
+    if args.report:
+        doc = json.loads(Path(args.report).read_text())
+        print(report.table(doc))
+        for line in report.notes(doc):
+            print("note:", line)
+        return
+    Harness(args).run()

@@ -1,0 +1,407 @@
+"""The measurements, written once against the Arm interface and run inside an agent process
+(the arm's settings are loaded). Each job returns plain JSON: metric key -> one sample or a
+list of samples, plus "info" (what ran, notes). Every wait is bounded in time."""
+
+import json
+import os
+import random
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from django.db import connection, transaction
+
+from bench import procs
+from bench.arms.base import Arm
+from bench.tasks import LEDGER_TABLE, WORKLOADS, ledger, noop, stamp
+
+REPO = Path(__file__).resolve().parent.parent
+Params = dict[str, Any]
+Result = dict[str, Any]
+
+
+# ------------------------------------------------------------------ helpers
+def _ledger_ddl() -> str:
+    if connection.vendor == "postgresql":
+        columns = "id bigserial PRIMARY KEY, key integer, pid integer, t double precision"
+    else:
+        columns = "id integer PRIMARY KEY AUTOINCREMENT, key integer, pid integer, t real"
+    return f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} ({columns})"
+
+
+def _reset(arm: Arm) -> None:
+    arm.reset([LEDGER_TABLE])
+
+
+def _ledger(since_id: int = 0) -> list[tuple[int, int, int, float]]:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id, key, pid, t FROM {LEDGER_TABLE} WHERE id > %s ORDER BY id", [since_id])
+        return list(cursor.fetchall())
+
+
+class Fleet:
+    """The worker processes of one measurement: started, measured and stopped by pid."""
+
+    def __init__(self, arm: Arm, p: Params) -> None:
+        self.arm = arm
+        self.log_dir = Path(p["log_dir"])
+        self.interval = p.get("interval")
+        self.env = {**os.environ, **{k: str(v) for k, v in p.get("worker_env", {}).items()}}
+        self.procs: list[procs.Proc] = []
+        self.idents: dict[int, str] = {}
+        self.argv: list[list[str]] = []
+        self.count_files: list[Path] = []
+        self.boot = ""
+        self.notes: list[str] = []
+
+    def shape(self, processes: int, concurrency: int) -> list[int]:
+        """Per-process concurrency. An arm without threads gets processes x concurrency processes."""
+        if self.arm.native_concurrency:
+            return [concurrency] * processes
+        return [1] * (processes * concurrency)
+
+    def start(self, concurrency: int) -> procs.Proc:
+        ident = f"bench-{uuid.uuid4().hex[:12]}"
+        argv = [sys.executable, "-m", "bench.launch", *self.arm.worker_argv(concurrency, ident, self.interval)]
+        count_file = self.log_dir / f"{ident}.sql.json"
+        env = {**self.env, "BENCH_SQL_COUNT_FILE": str(count_file)}
+        proc = procs.spawn(argv, env, self.log_dir / f"{ident}.log", ident, REPO)
+        self.procs.append(proc)
+        self.idents[proc.pid] = ident
+        self.argv.append(argv[3:])
+        self.count_files.append(count_file)
+        return proc
+
+    def start_all(self, processes: int, concurrency: int, boot_timeout: float = 60.0) -> None:
+        for c in self.shape(processes, concurrency):
+            self.start(c)
+        pids = [p.pid for p in self.procs]
+        self.boot = procs.wait_idle(self.procs, boot_timeout, ready=lambda: bool(self.arm.ready(pids)))
+        if self.boot != "idle":
+            self.notes.append(f"workers never went quiet after boot (CPU busy at rest); started on: {self.boot}")
+
+    def alive(self) -> list[procs.Proc]:
+        return [p for p in self.procs if p.alive()]
+
+    def stop(self) -> None:
+        procs.stop(self.procs)
+
+    def sql_counts(self) -> dict[str, int] | None:
+        """Summed statement counters of the worker processes, None if one did not report."""
+        total = {"executes": 0, "begins": 0, "commits": 0}
+        for path in self.count_files:
+            try:
+                counts = json.loads(path.read_text())
+            except (OSError, ValueError):
+                return None
+            for key in total:
+                total[key] += counts.get(key, 0)
+        return total
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "workers": len(self.procs),
+            "argv": self.argv[0] if self.argv else [],
+            "env": _env_info(self.env),
+            "boot": self.boot,
+            "notes": list(self.notes),
+        }
+
+
+def _env_info(env: dict[str, str]) -> dict[str, str]:
+    return {k: env[k] for k in ("BENCH_CONN_MAX_AGE", "BENCH_POOL") if k in env}
+
+
+def _wait(condition: Callable[[], bool], timeout: float, poll: float, fleet: Fleet | None = None) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        if fleet is not None and not fleet.alive():
+            raise RuntimeError("every worker exited: " + procs.tail(fleet.procs[-1].log))
+        time.sleep(poll)
+    return condition()
+
+
+# ------------------------------------------------------------------ jobs
+def setup(arm: Arm, p: Params) -> Result:
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+    with connection.cursor() as cursor:
+        cursor.execute(_ledger_ddl())
+    return describe(arm, p)
+
+
+def describe(arm: Arm, p: Params) -> Result:
+    """What this arm runs with: its options, and the database as this process sees it."""
+    info: dict[str, Any] = {"options": arm.options(), "vendor": connection.vendor}
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT version()")
+            info["server_version"] = cursor.fetchone()[0]
+        else:
+            cursor.execute("SELECT sqlite_version()")
+            info["server_version"] = "SQLite " + cursor.fetchone()[0]
+    return {"info": info}
+
+
+def enqueue_seq(arm: Arm, p: Params) -> Result:
+    """N sequential task.enqueue() calls, each its own autocommit transaction."""
+    _reset(arm)
+    n = p["n"]
+    started = time.perf_counter()
+    for _ in range(n):
+        noop.enqueue()
+    elapsed = time.perf_counter() - started
+    return {"throughput": n / elapsed, "info": {"n": n, "seconds": elapsed}}
+
+
+def enqueue_atomic(arm: Arm, p: Params) -> Result:
+    """Latency of `with atomic(): task.enqueue()`, commit included: what a view pays."""
+    _reset(arm)
+    samples = []
+    for _ in range(p["n"]):
+        started = time.perf_counter()
+        with transaction.atomic():
+            noop.enqueue()
+        samples.append((time.perf_counter() - started) * 1000)
+    return {"latency_ms": samples, "info": {"n": p["n"]}}
+
+
+def bulk(arm: Arm, p: Params) -> Result:
+    _reset(arm)
+    n = p["n"]
+    calls = [((), {})] * n
+    started = time.perf_counter()
+    arm.bulk_enqueue(noop, calls)
+    elapsed = time.perf_counter() - started
+    if arm.done() != 0 or arm.model.objects.count() != n:
+        raise RuntimeError("bulk enqueue did not write the expected rows")
+    return {"throughput": n / elapsed, "info": {"n": n, "seconds": elapsed, "path": arm.bulk_path}}
+
+
+def drain(arm: Arm, p: Params) -> Result:
+    """Workers boot on an empty queue and go idle; then a backlog of N tasks is committed in
+    one transaction and drained. Throughput spans the first start to the last finish written
+    in the task rows (boot and the first idle poll excluded); CPU is the workers' utime+stime
+    from the commit to the end, over N; peak RSS is the summed VmHWM of the worker processes."""
+    _reset(arm)
+    n, task = p["n"], WORKLOADS[p.get("task", "noop")]
+    fleet = Fleet(arm, p)
+    try:
+        fleet.start_all(p["processes"], p["concurrency"])
+        cpu0, _ = procs.measure(fleet.procs)
+        with transaction.atomic():
+            arm.fill(task, [((), {})] * n)
+            arm.analyze()
+        committed = time.monotonic()
+        finished = _wait(lambda: arm.done() >= n, p.get("timeout", 600), 0.2, fleet)
+        wall = time.monotonic() - committed
+        cpu1, hwm_kb = procs.measure(fleet.procs)
+        rss_each = [proc.hwm_kb / 1024 for proc in fleet.procs]
+    finally:
+        fleet.stop()
+    done = arm.done()
+    first, last = arm.span()
+    result: Result = {"info": {**fleet.info(), "n": n, "task": p.get("task", "noop"), "done": done}}
+    if not finished:
+        result["info"]["notes"].append(f"DNF: {done} of {n} done in {wall:.0f} s")
+        return result
+    span = (last - first).total_seconds() if first and last else wall
+    result.update(
+        throughput=n / span,
+        wall_throughput=n / wall,
+        cpu_ms_per_task=(cpu1 - cpu0) * 1000 / n,
+        peak_rss_mb=hwm_kb / 1024,
+    )
+    result["info"].update(span_s=span, wall_s=wall, rss_mb_each=rss_each)
+    counts = fleet.sql_counts()
+    if counts is not None:
+        # Counted over the workers' whole life (boot, idle polls and shutdown included).
+        result["statements_per_task"] = sum(counts.values()) / n
+        result["info"]["sql_counts"] = counts
+    return result
+
+
+def dispatch(arm: Arm, p: Params) -> Result:
+    """An idle worker (one process, concurrency 1): enqueue one task, commit, and measure
+    until the task's first line reads the clock. Between samples a random pause of
+    0..gap seconds, so samples land at random points of the worker's poll cycle."""
+    _reset(arm)
+    fleet = Fleet(arm, p)
+    samples: list[float] = []
+    timeouts = 0
+    rng = random.Random(p.get("seed", 0))  # noqa: S311
+    try:
+        fleet.start_all(1, 1)
+        # What an idle worker costs: its CPU over a few seconds of an empty queue.
+        cpu0, _ = procs.measure(fleet.procs)
+        time.sleep(p.get("idle_s", 3.0))
+        cpu1, _ = procs.measure(fleet.procs)
+        idle_pct = (cpu1 - cpu0) * 100 / p.get("idle_s", 3.0)
+        for key in range(p["n"]):
+            time.sleep(rng.uniform(0, p["gap"]))
+            with transaction.atomic():
+                stamp.enqueue(key)
+            committed = time.time()
+            seen: list[float] = []
+
+            def started(key: int = key, seen: list[float] = seen) -> bool:
+                with connection.cursor() as cursor:
+                    cursor.execute(f"SELECT t FROM {LEDGER_TABLE} WHERE key = %s", [key])
+                    row = cursor.fetchone()
+                if row:
+                    seen.append(row[0])
+                return bool(row)
+
+            if _wait(started, p.get("timeout", 10.0), 0.005, fleet):
+                samples.append((seen[0] - committed) * 1000)
+            else:
+                timeouts += 1
+    finally:
+        fleet.stop()
+    info = {**fleet.info(), "n": p["n"], "timeouts": timeouts, "gap_s": p["gap"]}
+    return {"latency_ms": samples, "idle_cpu_pct": idle_pct, "info": info}
+
+
+def kill(arm: Arm, p: Params) -> Result:
+    """SIGKILL a random worker every `every` seconds while W workers drain N ledger tasks,
+    starting a replacement each time. Kills begin once the workers are working, only hit
+    workers up for at least `boot_grace` seconds (killing a booting process tests nothing),
+    and wait up to `aim` seconds for the victim to hold a RUNNING task before striking.
+
+    For each task held (RUNNING) by a killed worker: rescue time = kill -> the row is no
+    longer RUNNING under the dead worker (polled every 0.25 s); reclaim time = kill -> its
+    next execution start in the ledger (this includes waiting behind the rest of the backlog
+    when the system requeues at the back). A held task never taken back is "not rescued".
+    After the last kill, wait until every task is final, or no task has finished for
+    `stall` seconds, or `cap` seconds have passed: a slow arm still gets to finish."""
+    _reset(arm)
+    n, workers, grace = p["n"], p["workers"], p.get("boot_grace", 3.0)
+    fleet = Fleet(arm, p)
+    rng = random.Random(p.get("seed", 1))  # noqa: S311
+    kills: list[dict[str, Any]] = []
+    terminal = set(arm.terminal_statuses)
+    born: dict[int, float] = {}
+
+    def finished() -> int:
+        return sum(v for k, v in arm.counts().items() if k in terminal)
+
+    def booted() -> list[procs.Proc]:
+        return [x for x in fleet.alive() if time.monotonic() - born[x.pid] >= grace]
+
+    def track() -> None:
+        """Note the moment each held task of a dead worker stops being RUNNING under it."""
+        for k in kills:
+            pending = [key for key in k["held"] if key not in k["rescued"]]
+            if pending:
+                still = set(arm.running_on(k["ident"], k["pid"]))
+                for key in pending:
+                    if key not in still:
+                        k["rescued"][key] = time.time() - k["t"]
+
+    def sleep_tracking(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            track()
+            time.sleep(min(0.25, max(deadline - time.monotonic(), 0)))
+
+    try:
+        fleet.start_all(workers, 1)
+        for proc in fleet.procs:
+            born[proc.pid] = time.monotonic() - grace
+        with transaction.atomic():
+            arm.fill(ledger, [((key,), {"sleep_ms": p.get("sleep_ms", 10)}) for key in range(n)])
+            arm.analyze()
+        started = time.monotonic()
+        _wait(lambda: finished() > 0, 30, 0.05, fleet)
+        for _ in range(p["kills"]):
+            sleep_tracking(p["every"])
+            if finished() >= n:
+                break
+            _wait(lambda: bool(booted()), 30, 0.1)
+            victim = rng.choice(booted())
+            ident = fleet.idents[victim.pid]
+            # Aim the kill at a moment the victim holds a task: that is the case under test.
+            _wait(lambda v=victim, i=ident: bool(arm.running_on(i, v.pid)), p.get("aim", 2.0), 0.02)
+            t_kill = time.time()
+            procs.kill(victim)
+            held = arm.running_on(ident, victim.pid)
+            kills.append({"t": t_kill, "pid": victim.pid, "ident": ident, "held": held, "rescued": {}})
+            born[fleet.start(1).pid] = time.monotonic()
+        last_kill = time.monotonic()
+        progress = {"done": finished(), "at": time.monotonic()}
+
+        def settled() -> bool:
+            track()
+            done = finished()
+            if done != progress["done"]:
+                progress.update(done=done, at=time.monotonic())
+            return done >= n or time.monotonic() - progress["at"] >= p["stall"]
+
+        _wait(settled, p["cap"], 0.25)
+        waited_after = time.monotonic() - last_kill
+        total = time.monotonic() - started
+    finally:
+        fleet.stop()
+
+    counts = arm.counts()
+    runs: dict[int, list[float]] = {}
+    for _id, key, _pid, t in _ledger():
+        runs.setdefault(key, []).append(t)
+    rescue_s: list[float] = []
+    reclaim_s: list[float] = []
+    for k in kills:
+        rescue_s += list(k["rescued"].values())
+        for key in k["held"]:
+            later = [t for t in runs.get(key, []) if t > k["t"]]
+            if later:
+                reclaim_s.append(min(later) - k["t"])
+    held = sum(len(k["held"]) for k in kills)
+    notes = []
+    if held > len(rescue_s):
+        notes.append(
+            f"{held - len(rescue_s)} of {held} tasks held by killed workers not rescued within"
+            f" {waited_after:.0f} s of the last kill ({total:.0f} s of the first)"
+        )
+    done = counts.get(arm.done_status, 0)
+    final = sum(v for s, v in counts.items() if s in terminal)
+    return {
+        "finished": done,
+        "stuck": n - final,
+        "failed": final - done,
+        "run_twice": sum(1 for times in runs.values() if len(times) > 1),
+        "never_ran": n - len(runs),
+        "held_at_kill": held,
+        "not_rescued": held - len(rescue_s),
+        "rescue_s": rescue_s,
+        "reclaim_s": reclaim_s,
+        "info": {
+            **fleet.info(),
+            "n": n,
+            "kills": len(kills),
+            "statuses": counts,
+            "cap_s": p["cap"],
+            "stall_s": p["stall"],
+            "waited_after_last_kill_s": waited_after,
+            "total_s": total,
+            "notes": fleet.notes + notes,
+            "kill_log": [{**k, "rescued": {str(key): s for key, s in k["rescued"].items()}} for k in kills],
+        },
+    }
+
+
+JOBS: dict[str, Callable[[Arm, Params], Result]] = {
+    "setup": setup,
+    "describe": describe,
+    "enqueue_seq": enqueue_seq,
+    "enqueue_atomic": enqueue_atomic,
+    "bulk": bulk,
+    "drain": drain,
+    "dispatch": dispatch,
+    "kill": kill,
+}

@@ -1,0 +1,164 @@
+"""Worker processes: start, measure (from /proc), stop. Only processes this harness started
+are ever signalled, always by pid."""
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen[bytes]
+    log: Path
+    label: str
+    # Filled when the process is measured: the last /proc reading of it and its descendants.
+    cpu_s: float = 0.0
+    hwm_kb: int = 0
+    children: set[int] = field(default_factory=set)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+def spawn(argv: Sequence[str], env: dict[str, str], log: Path, label: str, cwd: Path) -> Proc:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        popen = subprocess.Popen(  # noqa: S603  (our own interpreter and module)
+            list(argv), env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    return Proc(popen=popen, log=log, label=label)
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, utime+stime seconds) from /proc/<pid>/stat, None if gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces: split after its closing parenthesis.
+    rest = raw[raw.rindex(")") + 2 :].split()
+    ppid = int(rest[1])
+    utime, stime = int(rest[11]), int(rest[12])
+    return ppid, (utime + stime) / CLOCK_TICKS
+
+
+def _hwm_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def descendants(pid: int) -> set[int]:
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _stat(int(entry))
+            if st is not None:
+                parents.setdefault(st[0], []).append(int(entry))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def measure(procs: Iterable[Proc]) -> tuple[float, int]:
+    """Total CPU seconds (user+system) and summed peak RSS (VmHWM, KiB) of the processes and
+    their descendants, now. A process keeps its last reading once it is gone."""
+    total_cpu, total_hwm = 0.0, 0
+    for proc in procs:
+        if proc.alive():
+            proc.children |= descendants(proc.pid)
+            cpu, hwm = 0.0, 0
+            for pid in [proc.pid, *proc.children]:
+                st = _stat(pid)
+                if st is not None:
+                    cpu += st[1]
+                    hwm += _hwm_kb(pid)
+            proc.cpu_s, proc.hwm_kb = cpu, max(proc.hwm_kb, hwm)
+        total_cpu += proc.cpu_s
+        total_hwm += proc.hwm_kb
+    return total_cpu, total_hwm
+
+
+def wait_idle(
+    procs: Sequence[Proc],
+    timeout: float,
+    ready: Callable[[], bool] | None = None,
+    quiet: float = 0.6,
+    min_wait: float = 1.0,
+) -> str:
+    """Wait until the workers have booted. Returns "idle" once they are alive and their CPU
+    time has not moved by more than two clock ticks for `quiet` seconds; "ready" when the
+    arm's own readiness check passes (a worker that burns CPU at rest never goes quiet);
+    "busy" if the wait runs out (the caller goes on and says so). Raises if one dies."""
+    start = time.monotonic()
+    history: list[tuple[float, float]] = []
+    while True:
+        now = time.monotonic()
+        dead = [p for p in procs if not p.alive()]
+        if dead:
+            raise RuntimeError(f"worker {dead[0].label} exited with {dead[0].popen.returncode}: {tail(dead[0].log)}")
+        cpu, _ = measure(procs)
+        history.append((now, cpu))
+        window = [c for t, c in history if t >= now - quiet]
+        if now - start >= min_wait:
+            if now - history[0][0] >= quiet and window[-1] - window[0] <= 2 / CLOCK_TICKS:
+                return "idle"
+            if ready is not None and now - start >= min_wait + quiet and ready():
+                return "ready"
+        if now - start > timeout:
+            return "busy"
+        time.sleep(0.1)
+
+
+def stop(procs: Iterable[Proc], grace: float = 15.0) -> None:
+    """SIGTERM each (its own pid), wait up to `grace`, then SIGKILL the stragglers."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.alive():
+            proc.popen.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.popen.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            kill(proc)
+
+
+def kill(proc: Proc) -> None:
+    """SIGKILL one process we started, and the descendants we saw it start."""
+    for pid in [proc.pid, *proc.children]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.popen.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

@@ -1,0 +1,99 @@
+"""Statistics over kept samples, and the printed table: each metric per arm and the ratio
+ours/peer. Pure functions over the results document (see README.md, "Results schema")."""
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+OURS = "ox"
+
+
+def summarize(samples: Sequence[float], stat: str) -> float | None:
+    """One number from every sample kept: median, sum, max, or a percentile pNN
+    (linear interpolation between closest ranks)."""
+    values = sorted(float(s) for s in samples if s is not None and not math.isnan(s))
+    if not values:
+        return None
+    if stat == "median":
+        return statistics.median(values)
+    if stat == "sum":
+        return sum(values)
+    if stat == "max":
+        return values[-1]
+    if stat.startswith("p"):
+        q = float(stat[1:]) / 100
+        pos = q * (len(values) - 1)
+        low = math.floor(pos)
+        high = min(low + 1, len(values) - 1)
+        return values[low] + (values[high] - values[low]) * (pos - low)
+    raise ValueError(f"unknown statistic {stat!r}")
+
+
+def ratio(ours: float | None, peer: float | None) -> float | None:
+    """ours / peer; None when either is missing or the peer is zero."""
+    if ours is None or peer is None or peer == 0:
+        return None
+    return ours / peer
+
+
+def ox_wins(r: float | None, higher_is_better: bool) -> bool | None:
+    if r is None:
+        return None
+    return r > 1 if higher_is_better else r < 1
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3g}"
+
+
+def _ratio_text(r: float | None, higher_is_better: bool) -> str:
+    if r is None:
+        return "-"
+    mark = {True: "+", False: "-", None: ""}[ox_wins(r, higher_is_better) if r != 1 else None]
+    return f"{r:.2f}x{mark}"
+
+
+def table(doc: dict[str, Any]) -> str:
+    """The results as aligned text: one row per (cell, metric)."""
+    arms: list[str] = doc["arms"]
+    peers = [a for a in arms if a != OURS]
+    header = ["cell", "metric", "unit", *arms, *(f"ox/{p}" for p in peers)]
+    rows = [header]
+    for cell in doc["cells"]:
+        hib = cell["higher_is_better"]
+        values = {a: cell["arms"].get(a, {}).get("value") for a in arms}
+        row = [cell["name"], cell["metric"] + ("" if hib else " (lower better)"), cell["unit"]]
+        row += [_num(values[a]) if a in cell["arms"] else "n/a" for a in arms]
+        row += [_ratio_text(ratio(values.get(OURS), values[p]), hib) for p in peers]
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    legend = "ratio = ox / peer; '+' ox better, '-' ox worse (direction per metric); '-' alone: no value."
+    return "\n".join([*lines, "", legend])
+
+
+def notes(doc: dict[str, Any]) -> list[str]:
+    """Failures and unfinished runs worth printing under the table."""
+    out = []
+    for run in doc.get("runs", []):
+        where = f"{run['cell']} rep {run['rep']} {run['arm']}"
+        if not run.get("ok"):
+            first = (run.get("error") or "").strip().splitlines()[-1:] or ["?"]
+            out.append(f"{where}: ERROR {first[0]}")
+        for note in (run.get("result") or {}).get("info", {}).get("notes", []):
+            out.append(f"{where}: {note}")
+    return out

@@ -1,0 +1,74 @@
+"""The benchmark's task functions, identical for every arm (each arm's settings decide which
+backend `@task` binds to). Imported only after django.setup()."""
+
+import asyncio
+import hashlib
+import os
+import time
+
+from django.db import connection
+from django.tasks import task
+
+LEDGER_TABLE = "bench_ledger"
+
+
+def record(key: int, at: float) -> None:
+    """One ledger row per execution: which task (key), which process, when it started. The
+    harness reads completions from the queue's own table; the ledger only answers "when did
+    this run start" and "did it run twice"."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {LEDGER_TABLE} (key, pid, t) VALUES (%s, %s, %s)", [key, os.getpid(), at])
+
+
+def sha_rounds(rounds: int) -> None:
+    digest = b"ox-bench"
+    for _ in range(rounds):
+        digest = hashlib.sha256(digest).digest()
+
+
+@task
+def noop() -> None:
+    return None
+
+
+@task
+def cpu_bound() -> None:
+    sha_rounds(100_000)
+
+
+@task
+def io_bound() -> None:
+    time.sleep(0.05)
+
+
+@task
+async def io_bound_async() -> None:
+    await asyncio.sleep(0.05)
+
+
+@task
+def mixed() -> None:
+    sha_rounds(50_000)
+    time.sleep(0.02)
+
+
+@task
+def stamp(key: int) -> None:
+    """Dispatch latency: the first thing the task does is read the clock."""
+    record(key, time.time())
+
+
+@task
+def ledger(key: int, sleep_ms: int = 10) -> None:
+    """Kill test: record the execution, then take a little time so kills land mid-task."""
+    record(key, time.time())
+    time.sleep(sleep_ms / 1000)
+
+
+WORKLOADS = {
+    "noop": noop,
+    "cpu_bound": cpu_bound,
+    "io_bound": io_bound,
+    "io_bound_async": io_bound_async,
+    "mixed": mixed,
+}
