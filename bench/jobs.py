@@ -9,6 +9,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -198,7 +199,7 @@ def drain(arm: Arm, p: Params) -> Result:
         with transaction.atomic():
             arm.fill(task, [((), {})] * n)
             arm.analyze()
-        committed = time.monotonic()
+        committed, committed_at = time.monotonic(), datetime.now(UTC)
         finished = _wait(lambda: arm.done() >= n, p.get("timeout", 600), 0.2, fleet)
         wall = time.monotonic() - committed
         cpu1, hwm_kb = procs.measure(fleet.procs)
@@ -211,7 +212,9 @@ def drain(arm: Arm, p: Params) -> Result:
     if not finished:
         result["info"]["notes"].append(f"DNF: {done} of {n} done in {wall:.0f} s")
         return result
-    span = (last - first).total_seconds() if first and last else wall
+    # A worker may stamp started_at before its claim waits out the backlog's commit (SQLite's
+    # write lock): no task can start before the commit, so the span starts there at the earliest.
+    span = (last - max(first, committed_at)).total_seconds() if first and last else wall
     result.update(
         throughput=n / span,
         wall_throughput=n / wall,
@@ -356,11 +359,13 @@ def kill(arm: Arm, p: Params) -> Result:
     rescue_s: list[float] = []
     reclaim_s: list[float] = []
     for k in kills:
-        rescue_s += list(k["rescued"].values())
         for key in k["held"]:
             later = [t for t in runs.get(key, []) if t > k["t"]]
             if later:
                 reclaim_s.append(min(later) - k["t"])
+            if key in k["rescued"]:
+                # Polled every 0.25 s: an upper bound, which a re-execution start tightens.
+                rescue_s.append(min([k["rescued"][key], *(t - k["t"] for t in later[:1])]))
     held = sum(len(k["held"]) for k in kills)
     notes = []
     if held > len(rescue_s):

@@ -97,3 +97,51 @@ def notes(doc: dict[str, Any]) -> list[str]:
         for note in (run.get("result") or {}).get("info", {}).get("notes", []):
             out.append(f"{where}: {note}")
     return out
+
+
+TOP_KEYS = {
+    "schema": int,
+    "run_id": str,
+    "started_at": str,
+    "git_sha": str,
+    "mode": str,
+    "arms": list,
+    "environment": dict,
+    "options": dict,
+    "cells": list,
+    "runs": list,
+}
+CELL_KEYS = {
+    "name": str,
+    "metric": str,
+    "unit": str,
+    "higher_is_better": bool,
+    "stat": str,
+    "db": str,
+    "about": str,
+    "arms": dict,
+    "ratios": dict,
+}
+
+
+def validate(doc: dict[str, Any]) -> list[str]:
+    """Problems with a results document against schema 1 (empty: it conforms)."""
+    problems = []
+    for key, kind in TOP_KEYS.items():
+        if not isinstance(doc.get(key), kind):
+            problems.append(f"top-level {key!r} missing or not {kind.__name__}")
+    if doc.get("schema") != 1:
+        problems.append(f"schema is {doc.get('schema')!r}, expected 1")
+    if doc.get("mode") not in ("quick", "full"):
+        problems.append(f"mode is {doc.get('mode')!r}")
+    for i, cell in enumerate(doc.get("cells") or []):
+        for key, kind in CELL_KEYS.items():
+            if not isinstance(cell.get(key), kind):
+                problems.append(f"cells[{i}] {key!r} missing or not {kind.__name__}")
+        for arm, entry in (cell.get("arms") or {}).items():
+            if not isinstance(entry.get("samples"), list):
+                problems.append(f"cells[{i}] arm {arm!r}: samples is not a list")
+            value = entry.get("value")
+            if value is not None and not isinstance(value, (int, float)):
+                problems.append(f"cells[{i}] arm {arm!r}: value is not a number")
+    return problems
