@@ -30,6 +30,7 @@ from ox.enqueue import database_for
 from ox.exceptions import TaskCancelled, TaskTimeout
 from ox.execution import Finished, Prepared, prepare
 from ox.executor import SKIPPED, AsyncExecutor, SyncExecutor
+from ox.listener import Listener
 from ox.models import Attempt
 from ox.models import Worker as WorkerRow
 from ox.prefetch import Prefetch
@@ -39,7 +40,8 @@ logger = logging.getLogger("ox.worker")
 EXIT_OK = 0
 EXIT_LEFT_BEHIND = 1
 EXIT_STUCK = 3
-_WAKE = object()
+_WAKE = object()  # a stop request
+_NOTIFIED = object()  # PostgreSQL says tasks were enqueued
 
 
 @dataclass
@@ -92,6 +94,8 @@ class Worker:
         self.conn: Any = None
         self.sync: SyncExecutor | None = None
         self.aio: AsyncExecutor | None = None
+        self.listener: Listener | None = None
+        self.notified = threading.Event()  # a wake-up from the listener is already queued
 
     # ---------------------------------------------------------------- life cycle
     def request_stop(self) -> None:
@@ -128,12 +132,21 @@ class Worker:
         self.duties = [(duty, [0.0]) for duty in worker_duties(self)]
         self.sync = SyncExecutor(self.settings.concurrency, self.sender, self.outcomes)
         self.aio = AsyncExecutor(self.settings.async_concurrency, self.sender, self.outcomes)
+        if self.options.notify and Listener.available(self.alias):
+            self.listener = Listener(self.alias, self._on_notify)
+            self.listener.start()
         logger.info(
             "worker started queues=%s concurrency=%s worker=%s",
             ",".join(self.settings.queues),
             self.settings.concurrency,
             self.id,
         )
+
+    def _on_notify(self) -> None:
+        # Called from the listener thread; a burst of enqueues queues one wake-up, not many.
+        if not self.notified.is_set():
+            self.notified.set()
+            self.outcomes.put(_NOTIFIED)
 
     def _connect(self) -> None:
         # The main thread's Django connection (used for rare ORM reads) may be broken too.
@@ -162,9 +175,9 @@ class Worker:
         except DatabaseError as exc:
             logger.error("worker could not record its stop: %s worker=%s", exc, self.id)
         left = [h.prep.claimed for h in self.held.values()]
-        for executor in (self.sync, self.aio):
-            if executor is not None:
-                executor.stop()
+        for part in (self.sync, self.aio, self.listener):
+            if part is not None:
+                part.stop()
         for claimed in left:
             logger.warning("worker left a task running; the rescuer will take it back %s", log_fields(claimed, self.id))
         if self.conn is not None:
@@ -259,7 +272,10 @@ class Worker:
         except queue.Empty:
             return
         while True:
-            if item is not _WAKE:
+            if item is _NOTIFIED:
+                self.notified.clear()
+                self.more_waiting = True
+            elif item is not _WAKE:
                 self._record(item)
             try:
                 item = self.outcomes.get_nowait()

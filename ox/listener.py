@@ -1,0 +1,53 @@
+"""PostgreSQL LISTEN for an idle worker: a thread on its own session that wakes the worker
+loop when tasks are enqueued, so a task starts within milliseconds instead of at the next
+poll. Polling stays the fallback: if this session drops, the worker only gets slower."""
+
+import logging
+import threading
+from collections.abc import Callable
+
+from django.db import connections
+
+from ox.connection import open_worker_connection
+
+logger = logging.getLogger("ox.worker")
+
+CHANNEL = "ox_task"  # the trigger in migration 0005 notifies on it
+
+
+class Listener:
+    def __init__(self, alias: str, wake: Callable[[], None]) -> None:
+        self.alias = alias
+        self.wake = wake
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="ox-listen", daemon=True)
+
+    @staticmethod
+    def available(alias: str) -> bool:
+        return connections[alias].vendor == "postgresql"
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def _run(self) -> None:
+        delay = 0.5
+        while not self.stopped.is_set():
+            try:
+                conn = open_worker_connection(self.alias)
+                try:
+                    raw = conn.connection
+                    raw.execute(f"LISTEN {CHANNEL}")
+                    delay = 0.5
+                    while not self.stopped.is_set():
+                        # Ends after `timeout` s without a notification, to look at `stopped`.
+                        for _note in raw.notifies(timeout=1.0, stop_after=1):
+                            self.wake()
+                finally:
+                    conn.close()
+            except Exception as exc:  # noqa: BLE001  (the poll still works; retry quietly)
+                logger.info("listener session lost (%s); polling until it is back", exc)
+                self.stopped.wait(delay)
+                delay = min(delay * 2, 10.0)
