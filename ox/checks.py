@@ -117,6 +117,14 @@ def check_database_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
         if db not in settings.DATABASES:
             messages.append(checks.Error(f"TASKS[{alias!r}] OPTIONS DATABASE {db!r} is not in DATABASES", id="ox.E007"))
             continue
+        if not settings.USE_TZ:
+            messages.append(
+                checks.Error(
+                    f"TASKS[{alias!r}] needs USE_TZ = True: ox stores and compares aware UTC times"
+                    " (run_after, leases) across processes and hosts.",
+                    id="ox.E008",
+                )
+            )
         database = settings.DATABASES[db]
         init = str(database.get("OPTIONS", {}).get("init_command", "")).lower().replace(" ", "")
         if database.get("ENGINE") == "django.db.backends.sqlite3" and "journal_mode=wal" not in init:

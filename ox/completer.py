@@ -16,14 +16,10 @@ from ox import sql
 from ox.backoff import retry_delay
 from ox.conf import OxOptions
 from ox.execution import Finished
+from ox.logs import event, task_fields
 from ox.models import Outcome
 
 logger = logging.getLogger("ox.worker")
-
-
-def log_fields(claimed: Any, worker_id: str, **fields: Any) -> str:
-    base = {"task_id": claimed.id, "task": claimed.task_path, "queue": claimed.queue, "attempt": claimed.attempts}
-    return " ".join(f"{k}={v}" for k, v in {**base, **fields, "worker": worker_id}.items())
 
 
 class Completer:
@@ -108,22 +104,26 @@ class Completer:
         text = finished.traceback.strip()
         last_line = text.splitlines()[-1] if text else finished.kind
         then = f"retry at {retry_at.isoformat()}" if retry_at else "no retry"
-        logger.log(
+        event(
+            logger,
             logging.WARNING if retry_at else logging.ERROR,
-            "attempt %s, %s: %s %s",
-            finished.kind,
-            then,
-            last_line,
-            log_fields(claimed, self.worker_id),
+            f"attempt {finished.kind}, {then}: {last_line}",
+            **task_fields(claimed),
+            worker=self.worker_id,
+            outcome=finished.kind,
         )
         if retry_at is None:
             self._signal(finished, TaskResultStatus.FAILED)
 
     def _fenced(self, finished: Finished) -> None:
         self.fenced_out += 1
-        logger.warning(
-            "fenced out: the lease was taken back, this outcome is not written %s",
-            log_fields(finished.claimed, self.worker_id, outcome=finished.kind),
+        event(
+            logger,
+            logging.WARNING,
+            "fenced out: the lease was taken back, this outcome is not written",
+            **task_fields(finished.claimed),
+            worker=self.worker_id,
+            outcome=finished.kind,
         )
 
     def _signal(self, finished: Finished, status: TaskResultStatus) -> None:
@@ -141,4 +141,10 @@ class Completer:
         try:
             task_finished.send(self.sender, task_result=result)
         except Exception as exc:  # noqa: BLE001
-            logger.error("a task_finished receiver raised %r %s", exc, log_fields(finished.claimed, self.worker_id))
+            event(
+                logger,
+                logging.ERROR,
+                f"a task_finished receiver raised {exc!r}",
+                **task_fields(finished.claimed),
+                worker=self.worker_id,
+            )

@@ -25,7 +25,7 @@ class OxOptions:
     interrupt_grace: float = 10.0  # how long a timed-out thread may ignore its interrupt
     prefetch: int = 100  # at most this many tasks claimed beyond the free slots...
     prefetch_window: float | None = 0.05  # ...about this many seconds of work (None: always PREFETCH)
-    completion_batch: int = 100
+    completion_batch: int = 500
     completion_flush_ms: float = 5.0
     notify: bool = True  # PostgreSQL: NOTIFY idle workers at enqueue commit
     # Operations (ox.periodic, ox.prune, ox.health), validated by validate_operations().

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from ox import sql
 from ox.backend import OxBackend
-from ox.completer import Completer, log_fields
+from ox.completer import Completer
 from ox.connection import open_worker_connection
 from ox.duties import Duty, worker_duties
 from ox.enqueue import database_for
@@ -31,6 +31,7 @@ from ox.exceptions import TaskCancelled, TaskTimeout
 from ox.execution import Finished, Prepared, prepare
 from ox.executor import SKIPPED, AsyncExecutor, SyncExecutor
 from ox.listener import Listener
+from ox.logs import event, task_fields
 from ox.models import Attempt
 from ox.models import Worker as WorkerRow
 from ox.prefetch import Prefetch
@@ -135,11 +136,13 @@ class Worker:
         if self.options.notify and Listener.available(self.alias):
             self.listener = Listener(self.alias, self._on_notify)
             self.listener.start()
-        logger.info(
-            "worker started queues=%s concurrency=%s worker=%s",
-            ",".join(self.settings.queues),
-            self.settings.concurrency,
-            self.id,
+        event(
+            logger,
+            logging.INFO,
+            "worker started",
+            queues=",".join(self.settings.queues),
+            concurrency=self.settings.concurrency,
+            worker=self.id,
         )
 
     def _on_notify(self) -> None:
@@ -173,17 +176,18 @@ class Worker:
             self._guard(lambda: self.completer.flush(self.conn))
             WorkerRow.objects.using(self.alias).filter(id=self.id).update(stopped_at=timezone.now())
         except DatabaseError as exc:
-            logger.error("worker could not record its stop: %s worker=%s", exc, self.id)
+            event(logger, logging.ERROR, f"worker could not record its stop: {exc}", worker=self.id)
         left = [h.prep.claimed for h in self.held.values()]
         for part in (self.sync, self.aio, self.listener):
             if part is not None:
                 part.stop()
         for claimed in left:
-            logger.warning("worker left a task running; the rescuer will take it back %s", log_fields(claimed, self.id))
+            message = "worker left a task running; the rescuer will take it back"
+            event(logger, logging.WARNING, message, **task_fields(claimed), worker=self.id)
         if self.conn is not None:
             self.conn.close()
         code = EXIT_STUCK if self.stuck else EXIT_LEFT_BEHIND if left else EXIT_OK
-        logger.info("worker stopped claimed=%s exit_code=%s worker=%s", self.claimed_total, code, self.id)
+        event(logger, logging.INFO, "worker stopped", claimed=self.claimed_total, exit_code=code, worker=self.id)
         return code
 
     # ---------------------------------------------------------------- the loop
@@ -207,11 +211,14 @@ class Worker:
         except DatabaseError:
             # Not a lost connection: a statement the database refused. Log it and pause
             # rather than spin; the outcome stays queued and is tried again.
-            logger.exception("database refused a statement; retrying shortly worker=%s", self.id)
+            event(
+                logger, logging.ERROR, "database refused a statement; retrying shortly", exc_info=True, worker=self.id
+            )
             time.sleep(1.0)
 
     def _reconnect(self, exc: Exception) -> None:
-        logger.warning("database error, reconnecting: %s worker=%s", str(exc).replace("\n", " "), self.id)
+        reason = str(exc).replace("\n", " ")
+        event(logger, logging.WARNING, f"database error, reconnecting: {reason}", worker=self.id)
         delay = 0.2
         while True:
             try:
@@ -221,7 +228,7 @@ class Worker:
                 pass
             try:
                 self._connect()
-                logger.info("reconnected worker=%s", self.id)
+                event(logger, logging.INFO, "reconnected", worker=self.id)
                 return
             except (OperationalError, InterfaceError):
                 if self.stopping and time.monotonic() >= (self.stop_deadline or 0):
@@ -366,12 +373,14 @@ class Worker:
         if now >= self.next_rescue:
             self.next_rescue = now + self.options.rescue_interval
             for task_id, worker_id, status in sql.rescue(self.conn, timezone.now()):
-                logger.warning(
-                    "rescued a lost task task_id=%s lost_worker=%s status=%s worker=%s",
-                    task_id,
-                    worker_id,
-                    status,
-                    self.id,
+                event(
+                    logger,
+                    logging.WARNING,
+                    "rescued a lost task",
+                    task_id=task_id,
+                    lost_worker=worker_id,
+                    status=status,
+                    worker=self.id,
                 )
         self._enforce_timeouts(now)
         for duty, next_run in self.duties:
@@ -382,7 +391,7 @@ class Worker:
                 except (OperationalError, InterfaceError):
                     raise
                 except Exception as exc:  # noqa: BLE001  (a duty's bug must not stop the tasks)
-                    logger.error("duty %s failed: %r worker=%s", duty.name, exc, self.id)
+                    event(logger, logging.ERROR, f"duty {duty.name} failed: {exc!r}", worker=self.id)
 
     def _heartbeat(self) -> None:
         now = timezone.now()
@@ -403,9 +412,8 @@ class Worker:
         held = self.held[task_id]
         held.lost = True
         if not self._executor(task_id).forget(task_id):
-            logger.warning(
-                "lease lost while running; the outcome will be fenced out %s", log_fields(held.prep.claimed, self.id)
-            )
+            message = "lease lost while running; the outcome will be fenced out"
+            event(logger, logging.WARNING, message, **task_fields(held.prep.claimed), worker=self.id)
 
     def _interrupt(self, task_id: uuid.UUID, exc_type: type[TaskCancelled] | type[TaskTimeout]) -> None:
         held = self.held.get(task_id)
@@ -435,10 +443,8 @@ class Worker:
                 started = self._executor(task_id).started_at(task_id)
                 if started is not None and not self.stuck and now - held.interrupted_at > self.options.interrupt_grace:
                     self.stuck = True
-                    logger.error(
-                        "task ignored its interrupt; the worker stops claiming and will exit %s",
-                        log_fields(held.prep.claimed, self.id),
-                    )
+                    message = "task ignored its interrupt; the worker stops claiming and will exit"
+                    event(logger, logging.ERROR, message, **task_fields(held.prep.claimed), worker=self.id)
             elif held.prep.timeout and not held.prep.is_async:
                 started = self.sync.started_at(task_id)
                 if started is not None and now >= started + held.prep.timeout:
@@ -451,4 +457,4 @@ class Worker:
             self.held.pop(prep.claimed.id, None)
         if taken:
             count = sql.hand_back(self.conn, [(p.claimed.id, p.claimed.fence) for p in taken])
-            logger.info("handed back claimed tasks that had not started count=%s worker=%s", count, self.id)
+            event(logger, logging.INFO, "handed back claimed tasks that had not started", count=count, worker=self.id)

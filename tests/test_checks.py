@@ -87,6 +87,11 @@ def test_E007_database_alias_unknown():
         assert ids(checks.check_database_settings) == ["ox.E007"]
 
 
+def test_E008_use_tz_off():
+    with override_settings(USE_TZ=False):
+        assert ids(checks.check_database_settings) == ["ox.E008"]
+
+
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
 def test_W001_sqlite_without_wal():
     sqlite = {"ENGINE": "django.db.backends.sqlite3", "NAME": "/tmp/x.sqlite3", "OPTIONS": {"timeout": 5}}

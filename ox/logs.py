@@ -1,0 +1,17 @@
+"""Structured log events of the `ox` loggers: the message ends with key=value pairs for
+people, and the same fields travel as `extra={"ox_<key>": value}` for log collectors
+(see oxproject.logging.JsonFormatter)."""
+
+import logging
+from typing import Any
+
+
+def task_fields(claimed: Any) -> dict[str, Any]:
+    return {"task_id": claimed.id, "task": claimed.task_path, "queue": claimed.queue, "attempt": claimed.attempts}
+
+
+def event(logger: logging.Logger, level: int, message: str, *, exc_info: bool = False, **fields: Any) -> None:
+    if not logger.isEnabledFor(level):
+        return
+    text = " ".join([message, *(f"{k}={v}" for k, v in fields.items())])
+    logger.log(level, "%s", text, extra={f"ox_{k}": v for k, v in fields.items()}, exc_info=exc_info)
