@@ -155,7 +155,9 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
         "ox": {"level": os.environ.get("OX_LOG_LEVEL", "INFO")},
-        "django.tasks": {"level": "WARNING"},
+        # Django's own "django" logger prints to the console under DEBUG too: log task events
+        # once, through our handler.
+        "django.tasks": {"level": "WARNING", "handlers": ["console"], "propagate": False},
     },
 }
 

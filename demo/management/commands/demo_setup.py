@@ -14,6 +14,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--username", default="admin")
         parser.add_argument("--no-tasks", action="store_true")
+        parser.add_argument("--addr", default="127.0.0.1:8000", help="Where ./run serves the dashboard.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         User = get_user_model()
@@ -31,7 +32,7 @@ class Command(BaseCommand):
             slow.using(run_after=timedelta(seconds=15)).enqueue(1.0)
         self.stdout.write(
             self.style.SUCCESS(
-                "\n  oxproject is starting on http://127.0.0.1:8000/\n"
+                f"\n  oxproject is starting on http://{options['addr']}/\n"
                 f"  staff login: {options['username']} / {password}\n"
                 "  demo tasks enqueued: 5 add, 1 checksum, 1 flaky_email (fails twice, then succeeds),"
                 " 1 always_fails (retries, then FAILED), 1 slow (delayed 15 s)\n"
