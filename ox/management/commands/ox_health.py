@@ -4,12 +4,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
-from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
-from django.tasks.exceptions import InvalidTaskBackend
 
-from ox.backend import OxBackend
 from ox.enqueue import database_for
 from ox.health import Thresholds, check_health
+from ox.management.backends import add_backend_argument, ox_backend
 
 EXIT_HEALTHY = 0
 EXIT_UNHEALTHY = 1
@@ -35,16 +33,11 @@ class Command(BaseCommand):
         for flag, (_name, kind, text) in FLAGS.items():
             parser.add_argument(flag, type=kind, default=None, help=f"Maximum/minimum: {text}.")
         parser.add_argument("--json", action="store_true", help="Print the full report as JSON.")
-        parser.add_argument("--backend", default=DEFAULT_TASK_BACKEND_ALIAS, help="TASKS alias.")
+        add_backend_argument(parser)
         parser.add_argument("--database", default=None, help="Database alias to read (default: the backend's).")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
-            backend = task_backends[options["backend"]]
-        except InvalidTaskBackend as exc:
-            raise CommandError(str(exc)) from exc
-        if not isinstance(backend, OxBackend):
-            raise CommandError(f"Backend {options['backend']!r} is not an ox backend.")
+        backend = ox_backend(options["backend"])
         overrides = {name: options[flag[2:].replace("-", "_")] for flag, (name, _k, _t) in FLAGS.items()}
         thresholds = replace(
             Thresholds.from_options(backend.config), **{k: v for k, v in overrides.items() if v is not None}

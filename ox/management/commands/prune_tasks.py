@@ -2,13 +2,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
-from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
-from django.tasks.exceptions import InvalidTaskBackend
 from django.utils import timezone
 
 from ox.backend import OxBackend
 from ox.durations import parse_duration
 from ox.enqueue import database_for
+from ox.management.backends import add_backend_argument, ox_backend
 from ox.models import FINISHED
 from ox.prune import prune
 
@@ -28,15 +27,10 @@ class Command(BaseCommand):
         )
         parser.add_argument("--batch-size", type=int, default=None, help="Rows per transaction (OPTIONS PRUNE_BATCH).")
         parser.add_argument("--dry-run", action="store_true", help="Print how many rows would go; delete nothing.")
-        parser.add_argument("--backend", default=DEFAULT_TASK_BACKEND_ALIAS, help="TASKS alias.")
+        add_backend_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
-            backend = task_backends[options["backend"]]
-        except InvalidTaskBackend as exc:
-            raise CommandError(str(exc)) from exc
-        if not isinstance(backend, OxBackend):
-            raise CommandError(f"Backend {options['backend']!r} is not an ox backend.")
+        backend = ox_backend(options["backend"])
         rules = self._rules(backend, options)
         batch = backend.config.prune_batch if options["batch_size"] is None else options["batch_size"]
         if batch < 1:

@@ -6,10 +6,8 @@ from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
-from django.tasks.exceptions import InvalidTaskBackend
 
-from ox.backend import OxBackend
+from ox.management.backends import add_backend_argument, ox_backend
 from ox.supervisor import Supervisor, child_command
 from ox.worker import Worker, WorkerSettings
 
@@ -32,15 +30,10 @@ class Command(BaseCommand):
         parser.add_argument("--batch", action="store_true", help="Exit once no task is due and none is running.")
         parser.add_argument("--max-tasks", type=positive_int, default=None, help="Exit after claiming this many.")
         parser.add_argument("--interval", type=float, default=None, help="Idle poll interval in seconds.")
-        parser.add_argument("--backend", default=DEFAULT_TASK_BACKEND_ALIAS, help="TASKS alias.")
+        add_backend_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
-            backend = task_backends[options["backend"]]
-        except InvalidTaskBackend as exc:
-            raise CommandError(str(exc)) from exc
-        if not isinstance(backend, OxBackend):
-            raise CommandError(f"Backend {options['backend']!r} is not an ox backend.")
+        backend = ox_backend(options["backend"])
         if options["interval"] is not None and options["interval"] <= 0:
             raise CommandError("--interval must be positive")
         if options["processes"] > 1:
