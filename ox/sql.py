@@ -357,7 +357,8 @@ LOST_TRACEBACK = (
 
 def rescue(conn: BaseDatabaseWrapper, now: datetime) -> list[tuple[uuid.UUID, str, str]]:
     """Take back RUNNING tasks whose lease expired or whose worker died: to READY, or to
-    FAILED when the attempt budget is spent, with a `lost` attempt recorded. One rescuer at a
+    FAILED when the attempt budget is spent, with a `lost` attempt recorded. run_after is
+    kept, so a rescued task goes back to its place in the queue, not to the end. One rescuer at a
     time. Returns (task id, worker id, new status) per rescued task."""
     lost_path = class_path(WorkerLost)
     if is_postgres(conn):
@@ -382,7 +383,7 @@ def rescue(conn: BaseDatabaseWrapper, now: datetime) -> list[tuple[uuid.UUID, st
                 UPDATE ox_task t SET
                     status = CASE WHEN t.attempts >= t.max_attempts THEN 'FAILED' ELSE 'READY' END,
                     finished_at = CASE WHEN t.attempts >= t.max_attempts THEN %(now)s END,
-                    run_after = %(now)s, lease_expires_at = NULL, fence = t.fence + 1
+                    lease_expires_at = NULL, fence = t.fence + 1
                 FROM lost WHERE t.id = lost.id
                 RETURNING t.id, t.attempts, t.worker_id, t.last_attempted_at, t.status
             ), recorded AS (
@@ -415,9 +416,9 @@ def rescue(conn: BaseDatabaseWrapper, now: datetime) -> list[tuple[uuid.UUID, st
             "UPDATE ox_task SET"
             " status = CASE WHEN attempts >= max_attempts THEN 'FAILED' ELSE 'READY' END,"
             " finished_at = CASE WHEN attempts >= max_attempts THEN %s END,"
-            " run_after = %s, lease_expires_at = NULL, fence = fence + 1"
+            " lease_expires_at = NULL, fence = fence + 1"
             " WHERE status = 'RUNNING' AND lease_expires_at < %s RETURNING id, worker_id, status",
-            [ts, ts, ts],
+            [ts, ts],
         )
         return [(_read_id(r[0]), r[1], r[2]) for r in cursor.fetchall()]
 

@@ -372,7 +372,10 @@ class Worker:
             self._heartbeat()
         if now >= self.next_rescue:
             self.next_rescue = now + self.options.rescue_interval
-            for task_id, worker_id, status in sql.rescue(self.conn, timezone.now()):
+            rescued = sql.rescue(self.conn, timezone.now())
+            if rescued:
+                self.more_waiting = True  # claim them now rather than at the next poll
+            for task_id, worker_id, status in rescued:
                 event(
                     logger,
                     logging.WARNING,
