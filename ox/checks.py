@@ -146,12 +146,12 @@ def check_worker_policy(app_configs: Any = None, **kwargs: Any) -> Messages:
         options = _options(params)
         if options is None:
             continue
-        if options.prefetch > 0 and options.max_attempts == 1:
+        if options.prefetch > 0 and options.max_lost == 1:
             messages.append(
                 checks.Warning(
-                    f"TASKS[{alias!r}]: PREFETCH={options.prefetch} with MAX_ATTEMPTS=1: a prefetched task has"
-                    " spent its only attempt when it is claimed, so a worker that dies fails tasks it never started.",
-                    hint="Set PREFETCH to 0, or MAX_ATTEMPTS to 2 or more.",
+                    f"TASKS[{alias!r}]: PREFETCH={options.prefetch} with MAX_LOST=1: a task is FAILED the first"
+                    " time its worker dies, even one that was only prefetched and never started.",
+                    hint="Set MAX_LOST to 2 or more, or PREFETCH to 0.",
                     id="ox.W002",
                 )
             )

@@ -19,7 +19,8 @@ class OxOptions:
     queue_timeouts: dict[str, float] = field(default_factory=dict)
     lease: float = 30.0  # a RUNNING task's lease; renewed every `heartbeat` seconds
     heartbeat: float = 3.0
-    rescue_interval: float = 2.0
+    rescue_interval: float = 1.0
+    max_lost: int = 5  # a task lost with its worker this often is FAILED (it may be what kills them)
     poll_interval: float = 1.0
     shutdown_grace: float = 30.0
     interrupt_grace: float = 10.0  # how long a timed-out thread may ignore its interrupt
@@ -68,6 +69,8 @@ class OxOptions:
             positive(f"queue_timeouts[{queue}]", seconds)
         if self.heartbeat >= self.lease:
             raise ImproperlyConfigured("ox OPTIONS HEARTBEAT must be shorter than LEASE")
+        if not isinstance(self.max_lost, int) or self.max_lost < 1:
+            raise ImproperlyConfigured(f"ox OPTIONS MAX_LOST must be an integer >= 1, got {self.max_lost!r}")
         if self.prefetch_window is not None:
             positive("prefetch_window", self.prefetch_window)
         if not isinstance(self.prefetch, int) or self.prefetch < 0:

@@ -243,8 +243,7 @@ def _complete_sql(conn: BaseDatabaseWrapper, done: Sequence[Completion]) -> tupl
             " WHERE t.id = v.id AND t.fence = v.fence AND t.status = 'RUNNING' RETURNING t.id"
         )
         rows = ",".join(
-            f'{{"id":"{d.id}","fence":{d.fence},"rv":{d.return_json},"at":"{d.finished_at.isoformat()}"}}'
-            for d in done
+            f'{{"id":"{d.id}","fence":{d.fence},"rv":{d.return_json},"at":"{d.finished_at.isoformat()}"}}' for d in done
         )
         return sql, [f"[{rows}]"]
     sql = (
@@ -355,11 +354,13 @@ LOST_TRACEBACK = (
 )
 
 
-def rescue(conn: BaseDatabaseWrapper, now: datetime) -> list[tuple[uuid.UUID, str, str]]:
-    """Take back RUNNING tasks whose lease expired or whose worker died: to READY, or to
-    FAILED when the attempt budget is spent, with a `lost` attempt recorded. run_after is
-    kept, so a rescued task goes back to its place in the queue, not to the end. One rescuer at a
-    time. Returns (task id, worker id, new status) per rescued task."""
+def rescue(conn: BaseDatabaseWrapper, now: datetime, max_lost: int = 5) -> list[tuple[uuid.UUID, str, str]]:
+    """Take back RUNNING tasks whose lease expired or whose worker died, recording a `lost`
+    attempt. A lost attempt does not spend the task's budget (max_attempts grows with it):
+    the worker may have died before the task even started (it may have been prefetched).
+    Only a task lost `max_lost` times (it may be what kills its workers) becomes FAILED.
+    run_after is kept, so the task goes back to its place in the queue, not to the end. One
+    rescuer at a time. Returns (task id, worker id, new status) per rescued task."""
     lost_path = class_path(WorkerLost)
     if is_postgres(conn):
         # A live worker holds a session advisory lock on (LOCK_NAMESPACE, lock_key): if the
@@ -379,12 +380,16 @@ def rescue(conn: BaseDatabaseWrapper, now: datetime) -> list[tuple[uuid.UUID, st
                 WHERE t.status = 'RUNNING'
                   AND (t.lease_expires_at < %(now)s OR t.worker_id IN (SELECT id FROM dead))
                 FOR UPDATE SKIP LOCKED
+            ), counted AS (
+                SELECT lost.id, (SELECT count(*) FROM ox_attempt a WHERE a.task_id = lost.id AND a.outcome = 'lost')
+                       + 1 >= %(max_lost)s AS give_up
+                FROM lost
             ), moved AS (
                 UPDATE ox_task t SET
-                    status = CASE WHEN t.attempts >= t.max_attempts THEN 'FAILED' ELSE 'READY' END,
-                    finished_at = CASE WHEN t.attempts >= t.max_attempts THEN %(now)s END,
-                    lease_expires_at = NULL, fence = t.fence + 1
-                FROM lost WHERE t.id = lost.id
+                    status = CASE WHEN c.give_up THEN 'FAILED' ELSE 'READY' END,
+                    finished_at = CASE WHEN c.give_up THEN %(now)s END,
+                    max_attempts = t.max_attempts + 1, lease_expires_at = NULL, fence = t.fence + 1
+                FROM counted c WHERE t.id = c.id
                 RETURNING t.id, t.attempts, t.worker_id, t.last_attempted_at, t.status
             ), recorded AS (
                 INSERT INTO ox_attempt (task_id, number, worker_id, started_at, finished_at, outcome,
@@ -399,7 +404,7 @@ def rescue(conn: BaseDatabaseWrapper, now: datetime) -> list[tuple[uuid.UUID, st
             cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [LOCK_NAMESPACE, RESCUER_KEY])
             if not cursor.fetchone()[0]:
                 return []
-            cursor.execute(sql, {"now": now, "path": lost_path, "tb": LOST_TRACEBACK})
+            cursor.execute(sql, {"now": now, "path": lost_path, "tb": LOST_TRACEBACK, "max_lost": max_lost})
             return [(_read_id(r[0]), r[1], r[2]) for r in cursor.fetchall()]
     # SQLite has one writer at a time: the IMMEDIATE transaction is the rescuer's lock, and
     # both statements see the same expired set.
@@ -412,13 +417,14 @@ def rescue(conn: BaseDatabaseWrapper, now: datetime) -> list[tuple[uuid.UUID, st
             " FROM ox_task WHERE status = 'RUNNING' AND lease_expires_at < %s",
             [ts, lost_path, LOST_TRACEBACK, ts],
         )
+        lost_count = "(SELECT count(*) FROM ox_attempt a WHERE a.task_id = ox_task.id AND a.outcome = 'lost')"
         cursor.execute(
             "UPDATE ox_task SET"
-            " status = CASE WHEN attempts >= max_attempts THEN 'FAILED' ELSE 'READY' END,"
-            " finished_at = CASE WHEN attempts >= max_attempts THEN %s END,"
-            " lease_expires_at = NULL, fence = fence + 1"
+            f" status = CASE WHEN {lost_count} >= %s THEN 'FAILED' ELSE 'READY' END,"
+            f" finished_at = CASE WHEN {lost_count} >= %s THEN %s END,"
+            " max_attempts = max_attempts + 1, lease_expires_at = NULL, fence = fence + 1"
             " WHERE status = 'RUNNING' AND lease_expires_at < %s RETURNING id, worker_id, status",
-            [ts, ts],
+            [max_lost, max_lost, ts, ts],
         )
         return [(_read_id(r[0]), r[1], r[2]) for r in cursor.fetchall()]
 

@@ -320,7 +320,10 @@ class Worker:
         earliest = sql.earliest_ready(self.conn, self.settings.queues)
         if earliest is not None:
             wait = min(wait, max((earliest - timezone.now()).total_seconds(), 0.001))
-        self.next_poll = time.monotonic() + min(wait, max(self.completer.retry_due - time.monotonic(), 0.001))
+        retry_in = self.completer.retry_due - time.monotonic()
+        if retry_in > 0:  # a retry this worker scheduled comes due sooner
+            wait = min(wait, retry_in)
+        self.next_poll = time.monotonic() + wait
 
     def _hand_over(self, preps: list[Prepared]) -> None:
         """Give claimed tasks to their executor, keeping no more of a kind than its slots plus
@@ -372,7 +375,7 @@ class Worker:
             self._heartbeat()
         if now >= self.next_rescue:
             self.next_rescue = now + self.options.rescue_interval
-            rescued = sql.rescue(self.conn, timezone.now())
+            rescued = sql.rescue(self.conn, timezone.now(), self.options.max_lost)
             if rescued:
                 self.more_waiting = True  # claim them now rather than at the next poll
             for task_id, worker_id, status in rescued:

@@ -103,10 +103,10 @@ def test_W001_sqlite_without_wal():
             assert ids(checks.check_database_settings) == []
 
 
-def test_W002_prefetch_with_a_single_attempt():
-    with override_settings(TASKS=tasks_with({"PREFETCH": 10, "MAX_ATTEMPTS": 1})):
+def test_W002_prefetch_with_a_single_loss_allowed():
+    with override_settings(TASKS=tasks_with({"PREFETCH": 10, "MAX_LOST": 1})):
         assert ids(checks.check_worker_policy) == ["ox.W002"]
-    with override_settings(TASKS=tasks_with({"PREFETCH": 10, "MAX_ATTEMPTS": 3})):
+    with override_settings(TASKS=tasks_with({"PREFETCH": 10, "MAX_LOST": 3, "MAX_ATTEMPTS": 1})):
         assert ids(checks.check_worker_policy) == []
 
 

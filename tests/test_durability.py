@@ -57,12 +57,21 @@ def test_expired_lease_is_rescued_with_a_lost_attempt():
     assert task_backends["default"].get_result(r.id).errors[0].exception_class_path == "ox.exceptions.WorkerLost"
 
 
-def test_rescue_fails_the_task_when_its_budget_is_spent():
+def test_lost_attempts_do_not_spend_the_budget_until_max_lost():
+    # max_attempts=1: a worker dying under it must not fail a task that may never have run...
     r = tasks.fails_once_only.enqueue()
     now = timezone.now()
-    sql.claim(connection, "ghost", ["default"], 1, now, now)
-    (rescued,) = sql.rescue(connection, now + timezone.timedelta(seconds=1))
-    assert rescued[2] == "FAILED" and status_of(r) == Status.FAILED
+    for lost in range(1, 4):
+        sql.claim(connection, f"ghost{lost}", ["default"], 1, now, now)
+        now += timezone.timedelta(seconds=1)
+        (rescued,) = sql.rescue(connection, now, max_lost=3)
+        row = Task.objects.get(pk=r.id)
+        assert row.attempts == lost and row.max_attempts == lost + 1
+        if lost < 3:
+            assert rescued[2] == "READY" and row.status == Status.READY
+    # ...but a task lost max_lost times (it may be what kills its workers) is FAILED.
+    assert rescued[2] == "FAILED" and row.status == Status.FAILED and row.finished_at is not None
+    assert list(Attempt.objects.filter(task_id=r.id).values_list("outcome", flat=True)) == [Outcome.LOST] * 3
 
 
 def test_fenced_writes_match_nothing_after_a_rescue():
