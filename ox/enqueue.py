@@ -4,16 +4,18 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import router
+from asgiref.sync import sync_to_async
+from django.db import connections, router
 from django.tasks import Task as DjangoTask
 from django.tasks import TaskResult
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
-from django.utils.json import normalize_json
 
-from ox.jsoncheck import ensure_json
+from ox import sql
+from ox.ids import uuid7
+from ox.jsoncheck import jsonable
 from ox.models import Task as TaskRow
-from ox.results import build_result
+from ox.results import ready_result
 
 if TYPE_CHECKING:
     from ox.backend import OxBackend
@@ -31,29 +33,28 @@ def resolve_run_after(run_after: datetime | timedelta | None, now: datetime) -> 
     return run_after
 
 
-def build_row(
+def new_task(
     backend: "OxBackend", task: DjangoTask, args: Sequence[Any], kwargs: dict[str, Any], now: datetime
-) -> TaskRow:
-    ensure_json(list(args), "args")
-    ensure_json(kwargs, "kwargs")
-    max_attempts = getattr(task, "max_attempts", None) or backend.config.max_attempts
-    return TaskRow(
+) -> sql.NewTask:
+    """The row one call will insert; refuses arguments that would not survive JSON."""
+    return sql.NewTask(
+        id=uuid7(),
         task_path=task.module_path,
         queue=task.queue_name,
         priority=task.priority,
-        args=normalize_json(list(args)),
-        kwargs=normalize_json(dict(kwargs)),
+        args=jsonable(list(args), "args"),
+        kwargs=jsonable(dict(kwargs), "kwargs"),
         run_after=resolve_run_after(task.run_after, now),
         enqueued_at=now,
-        max_attempts=max_attempts,
+        max_attempts=getattr(task, "max_attempts", None) or backend.config.max_attempts,
     )
 
 
 def enqueue_one(backend: "OxBackend", task: DjangoTask, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
     backend.validate_task(task)
-    row = build_row(backend, task, args, kwargs, timezone.now())
-    row.save(using=database_for(backend), force_insert=True)
-    result = build_result(row, [], backend.alias, task)
+    row = new_task(backend, task, args, kwargs, timezone.now())
+    sql.insert_tasks(connections[database_for(backend)], [row])
+    result = ready_result(row, task, backend.alias)
     task_enqueued.send(type(backend), task_result=result)
     return result
 
@@ -62,24 +63,27 @@ async def aenqueue_one(
     backend: "OxBackend", task: DjangoTask, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> TaskResult:
     backend.validate_task(task)
-    row = build_row(backend, task, args, kwargs, timezone.now())
-    await row.asave(using=database_for(backend), force_insert=True)
-    result = build_result(row, [], backend.alias, task)
+    row = new_task(backend, task, args, kwargs, timezone.now())
+    # Django's database layer is synchronous; run the INSERT where the ORM's async API would.
+    await sync_to_async(lambda: sql.insert_tasks(connections[database_for(backend)], [row]))()
+    result = ready_result(row, task, backend.alias)
     await task_enqueued.asend(type(backend), task_result=result)
     return result
 
 
 def enqueue_many(
-    task: DjangoTask, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]], batch_size: int = 1000
+    task: DjangoTask, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]], batch_size: int = 5000
 ) -> list[TaskResult]:
     """Enqueue many calls of one task: every call is validated before any row is written,
-    then rows go in with multi-row INSERTs."""
+    then rows go in with one INSERT per batch."""
     backend = task.get_backend()
     backend.validate_task(task)
     now = timezone.now()
-    rows = [build_row(backend, task, args, kwargs, now) for args, kwargs in calls]
-    TaskRow.objects.using(database_for(backend)).bulk_create(rows, batch_size=batch_size)
-    results = [build_result(row, [], backend.alias, task) for row in rows]
+    rows = [new_task(backend, task, args, kwargs, now) for args, kwargs in calls]
+    conn = connections[database_for(backend)]
+    for start in range(0, len(rows), batch_size):
+        sql.insert_tasks(conn, rows[start : start + batch_size])
+    results = [ready_result(row, task, backend.alias) for row in rows]
     for result in results:
         task_enqueued.send(type(backend), task_result=result)
     return results

@@ -3,6 +3,8 @@
 import math
 from typing import Any
 
+from django.utils.json import normalize_json
+
 from ox.exceptions import ArgumentsNotJSON
 
 
@@ -40,3 +42,23 @@ def ensure_json(value: Any, path: str) -> None:
     problem = json_problem(value, path)
     if problem:
         raise ArgumentsNotJSON(f"Task arguments must survive a JSON round trip: {problem}.")
+
+
+_SCALARS = (type(None), bool, int)
+
+
+def jsonable(value: Any, path: str) -> Any:
+    """`value` as it will come back from JSON (tuples become lists), checked on the way in
+    one walk; ArgumentsNotJSON names the first part that would not survive."""
+    kind = type(value)
+    if kind in _SCALARS or (kind is str and "\x00" not in value):
+        return value
+    if kind is list or kind is tuple:
+        return [jsonable(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    if kind is dict and all(type(k) is str and "\x00" not in k for k in value):
+        return {k: jsonable(v, f"{path}[{k!r}]") for k, v in value.items()}
+    if kind is float and math.isfinite(value):
+        return value
+    # Subclasses (an IntEnum, a str subclass...) and every refusal take the careful path.
+    ensure_json(value, path)
+    return normalize_json(value)

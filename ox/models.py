@@ -68,7 +68,13 @@ class Task(models.Model):
                 condition=Q(status="READY"),
             ),
             models.Index(fields=["lease_expires_at"], name="ox_task_running_lease", condition=Q(status="RUNNING")),
-            models.Index(fields=["status", "finished_at"], name="ox_task_status_finished"),
+            # Finished rows only: an enqueue then maintains just the primary key and the
+            # READY index.
+            models.Index(
+                fields=["status", "finished_at"],
+                name="ox_task_status_finished",
+                condition=Q(status__in=["SUCCESSFUL", "FAILED", "CANCELLED"]),
+            ),
         ]
         constraints = [
             models.CheckConstraint(

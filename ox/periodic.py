@@ -24,18 +24,15 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models.sql import InsertQuery
 from django.tasks import Task as DjangoTask
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from ox import sql
-from ox.enqueue import build_row
-from ox.ids import uuid7
-from ox.models import Task as TaskRow
+from ox.enqueue import new_task
 from ox.models import Tick
-from ox.results import build_result
+from ox.results import ready_result
 from ox.schedules import Schedule, parse_schedules
 from ox.txn import atomic_on
 
@@ -96,8 +93,7 @@ class Ticker:
             if schedule.priority is not None:
                 task = task.using(priority=schedule.priority)
             self.backend.validate_task(task)
-            row = build_row(self.backend, task, schedule.args, schedule.kwargs, now)
-            row.id = uuid7()
+            row = new_task(self.backend, task, schedule.args, schedule.kwargs, now)
         with atomic_on(conn) as cursor:
             cursor.execute(
                 "SELECT MAX(tick_at) FROM ox_tick WHERE schedule = %s AND tick_at < %s",
@@ -113,7 +109,7 @@ class Ticker:
             if cursor.fetchone() is None:
                 return False
             if row is not None:
-                _insert_task(conn, cursor, row)
+                sql.insert_tasks(conn, [row])
             _forget_old_ticks(conn, cursor, schedule.name)
         level = logging.WARNING if skip or missed else logging.INFO
         logger.log(
@@ -125,7 +121,7 @@ class Ticker:
             f", {missed} earlier ticks missed" if missed else "",
         )
         if row is not None and task is not None:
-            task_enqueued.send(type(self.backend), task_result=build_result(row, [], self.backend.alias, task))
+            task_enqueued.send(type(self.backend), task_result=ready_result(row, task, self.backend.alias))
         return True
 
 
@@ -142,15 +138,6 @@ def _read_ts(value: object) -> datetime:
         return value if timezone.is_aware(value) else value.replace(tzinfo=timezone.UTC)
     parsed = datetime.fromisoformat(str(value))
     return parsed if timezone.is_aware(parsed) else parsed.replace(tzinfo=timezone.UTC)
-
-
-def _insert_task(conn: BaseDatabaseWrapper, cursor: Any, row: TaskRow) -> None:
-    # The ORM's own INSERT for the row, compiled for (and run on) the worker's connection,
-    # so field adaptation (JSON, UUID, timestamps) is exactly what enqueue() writes.
-    query = InsertQuery(TaskRow)
-    query.insert_values(TaskRow._meta.concrete_fields, [row])
-    for statement, params in query.get_compiler(connection=conn).as_sql():
-        cursor.execute(statement, params)
 
 
 def _forget_old_ticks(conn: BaseDatabaseWrapper, cursor: Any, name: str) -> None:

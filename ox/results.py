@@ -68,6 +68,31 @@ def errors_and_workers(row: TaskRow, attempts: list[Attempt]) -> tuple[list[Task
     return errors, worker_ids
 
 
+def ready_result(row: Any, task: DjangoTask, backend_alias: str) -> TaskResult:
+    """The TaskResult of a task just enqueued (row: an ox.sql.NewTask). Built field by field:
+    TaskResult's __init__ would walk the arguments through JSON again."""
+    if row.run_after != row.enqueued_at or (task.priority, task.queue_name) != (row.priority, row.queue):
+        task = with_row_settings(
+            task, row.priority, row.queue, row.run_after if row.run_after != row.enqueued_at else None
+        )
+    result = object.__new__(TaskResult)
+    put = object.__setattr__  # frozen dataclass: how its own __init__ sets fields
+    put(result, "task", task)
+    put(result, "id", str(row.id))
+    put(result, "status", TaskResultStatus.READY)
+    put(result, "enqueued_at", row.enqueued_at)
+    put(result, "started_at", None)
+    put(result, "finished_at", None)
+    put(result, "last_attempted_at", None)
+    put(result, "args", row.args)
+    put(result, "kwargs", row.kwargs)
+    put(result, "backend", backend_alias)
+    put(result, "errors", [])
+    put(result, "worker_ids", [])
+    put(result, "_return_value", None)
+    return result
+
+
 def build_result(
     row: TaskRow, attempts: list[Attempt], backend_alias: str, task: DjangoTask | None = None
 ) -> TaskResult:

@@ -156,6 +156,26 @@ def test_enqueue_many_bulk(django_assert_max_num_queries):
     assert sorted(Task.objects.values_list("args", flat=True), key=lambda a: a[0])[1499] == [1499]
 
 
+def test_enqueue_many_keeps_awkward_values_exact():
+    from ox import enqueue_many
+
+    awkward = [
+        "back\\slash",
+        "tab\there",
+        "new\nline\r",
+        'quote"s',
+        "ünïcödé ✓",
+        "\\N",
+        "",
+        {"k\tey": [1.5, None, True]},
+    ]
+    results = enqueue_many(tasks.echo, [((value,), {"v": value}) for value in awkward])
+    for result, value in zip(results, awkward, strict=True):
+        row = Task.objects.get(pk=result.id)
+        assert row.args == [value] and row.kwargs == {"v": value}
+        assert result.args == [value]
+
+
 def test_enqueue_many_validates_everything_first():
     from ox import enqueue_many
 
