@@ -38,7 +38,7 @@ def _git(*args: str) -> str:
             text=True,
             timeout=10,
             check=False,  # noqa: S607
-        ).stdout.strip()
+        ).stdout.rstrip("\n")  # keep leading spaces: `status --porcelain` columns start there
     except (OSError, subprocess.TimeoutExpired):
         return ""
 

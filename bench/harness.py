@@ -167,6 +167,8 @@ class Harness:
                         "cell": cell.name,
                         "rep": rep,
                         "arm": arm,
+                        # ox is developed while it is measured: which source this run saw.
+                        "ox_tree_sha1": envinfo.ox_tree_sha1(),
                         "seconds": seconds,
                         "ok": res["ok"],
                         "error": res.get("error"),
@@ -212,6 +214,8 @@ class Harness:
             print(f"[{index + 1}/{len(self.plan)}] {cell.name}: {cell.about}", flush=True)
             self.run_cell(index, cell)
             self.write()
+        trees = sorted({run["ox_tree_sha1"] for run in self.doc["runs"]} | {self.doc["ox_tree_sha1"]})
+        self.doc["ox_trees_seen"] = trees
         self.doc["finished_at"] = datetime.now(UTC).isoformat()
         self.doc["environment"]["load_average_end"] = envinfo.load_average()
         self.doc["environment"]["duration_s"] = time.monotonic() - started

@@ -89,6 +89,9 @@ def table(doc: dict[str, Any]) -> str:
 def notes(doc: dict[str, Any]) -> list[str]:
     """Failures and unfinished runs worth printing under the table."""
     out = []
+    trees = doc.get("ox_trees_seen") or []
+    if len(trees) > 1:
+        out.append(f"ox's source changed during this run ({len(trees)} versions of ox/ seen; see runs[].ox_tree_sha1)")
     for run in doc.get("runs", []):
         where = f"{run['cell']} rep {run['rep']} {run['arm']}"
         if not run.get("ok"):
