@@ -315,7 +315,8 @@ def _copy_tasks(conn: BaseDatabaseWrapper, rows: Sequence[NewTask]) -> None:
         enqueued_at = iso.get(r.enqueued_at) or iso.setdefault(r.enqueued_at, r.enqueued_at.isoformat())
         lines.append(
             f"{r.id}\t{_copy_field(r.task_path)}\t{_copy_field(r.queue)}\t{r.priority}\tREADY"
-            f"\t{_copy_field(json.dumps(r.args))}\t{_copy_field(json.dumps(r.kwargs))}"
+            f"\t{_copy_field(json.dumps(r.args)) if r.args else '[]'}"
+            f"\t{_copy_field(json.dumps(r.kwargs)) if r.kwargs else '{}'}"
             f"\t{run_after}\t{enqueued_at}\t0\t{r.max_attempts}\t\t0\tf\n"
         )
     with conn.cursor() as cursor:
