@@ -146,6 +146,16 @@ def test_sync_timeout_interrupts_the_thread(start_worker):
     assert (attempt.finished_at - attempt.started_at).total_seconds() < 5
 
 
+def test_queue_timeout_applies_to_tasks_without_their_own(start_worker):
+    r = tasks.busy_for.enqueue(30)  # no @task(timeout=...)
+    other = tasks.other_queue.enqueue()
+    worker = start_worker("--batch", env=options(queue_timeouts={"default": 0.3}))
+    assert worker.wait(timeout=60) == 0, worker.output()
+    outcomes = list(Attempt.objects.filter(task_id=r.id).values_list("outcome", flat=True))
+    assert outcomes == [Outcome.TIMED_OUT] * 3 and status_of(r) == Status.FAILED  # default budget: 3
+    assert status_of(other) == Status.SUCCESSFUL  # its queue has no timeout
+
+
 def test_async_timeout_cancels_the_coroutine(start_worker):
     r = tasks.async_times_out.enqueue()
     worker = start_worker("--batch")
