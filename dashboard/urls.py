@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard.views import actions, benchmarks, overview, running, tasks, workers
+from dashboard.views import actions, benchmarks, health, overview, running, tasks, workers
 
 app_name = "dashboard"
 urlpatterns = [
@@ -13,5 +13,6 @@ urlpatterns = [
     path("tasks/<uuid:pk>/cancel/", actions.act_on_task, {"action": "cancel"}, name="cancel"),
     path("running/", running.running, name="running"),
     path("workers/", workers.workers, name="workers"),
+    path("health/", health.health, name="health"),
     path("benchmarks/", benchmarks.benchmarks, name="benchmarks"),
 ]

@@ -24,6 +24,8 @@ BADGES = {
     "live": "ok",
     "stale": "failed",
     "stopped": "cancelled",
+    "missed": "failed",
+    "on_time": "ok",
 }
 
 

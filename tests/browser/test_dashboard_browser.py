@@ -3,15 +3,22 @@
 import json
 import re
 import time
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
+from django.tasks import task_backends
+from django.utils import timezone
 from playwright.sync_api import expect
 
 from ox.models import Status, Task
+from ox.periodic import Ticker
+from ox.schedules import parse_schedule
 from tests import tasks
 from tests.browser import tasks as browser_tasks
 from tests.browser.conftest import PASSWORD, log_in, screenshot
+from tests.settings import TASKS
 from tests.test_dashboard_support import make_task
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -182,6 +189,35 @@ def test_benchmarks_page_draws_its_charts(page, operator, settings, tmp_path):
     expect(page.locator("#bench-runs tbody tr")).to_have_count(3)
     expect(page.locator("#bench-runs")).to_contain_text("unreadable")
     screenshot(page, "benchmarks")
+
+
+def test_health_page_flags_a_missed_schedule_then_refreshes_it(page, operator, settings):
+    now = timezone.now()
+    beat = {"task": "tests.tasks.echo", "every": 60, "args": ["hi"]}
+    # Hourly, half an hour away from now: its due tick is always about 30 min old.
+    report = {"task": "tests.tasks.echo", "cron": f"{(now.minute + 30) % 60} * * * *", "queue": "reports"}
+    options = {**TASKS["default"]["OPTIONS"], "SCHEDULES": {"beat": beat, "hourly-report": report}}
+    settings.TASKS = {"default": {**TASKS["default"], "OPTIONS": options}}
+    ticker = Ticker(task_backends["default"], [])
+    beat, report = parse_schedule("beat", beat), parse_schedule("hourly-report", report)
+    ticker.fire(connection, beat, beat.latest_tick(now), now)
+    ticker.fire(connection, report, report.latest_tick(now) - timedelta(hours=3), now - timedelta(hours=3))
+
+    log_in(page, "operator", "/health/")
+    expect(page.locator("h1")).to_have_text("Health")
+    missed = page.locator('#health-schedules tr[data-schedule="hourly-report"] .badge-failed')
+    expect(missed).to_have_text("missed")
+    expect(page.locator('#health-schedules tr[data-schedule="beat"] .badge-ok')).to_have_text("on time")
+    table = page.locator("#health-table")
+    expect(table).to_contain_text("dead tuples" if connection.vendor == "postgresql" else "this database is SQLite")
+    screenshot(page, "health")
+
+    # A worker catches up: the schedules section refreshes in place, without a page load.
+    page.evaluate("window.__noReload = true")
+    ticker.fire(connection, report, report.latest_tick(timezone.now()), timezone.now())
+    expect(missed).to_have_count(0, timeout=10_000)
+    expect(page.locator('#health-schedules tr[data-schedule="hourly-report"] .badge-ok')).to_have_text("on time")
+    assert page.evaluate("window.__noReload") is True
 
 
 def test_non_staff_is_refused(page, transactional_db):

@@ -1,0 +1,37 @@
+"""Periodic schedules and the queue table's PostgreSQL health, each section its own partial."""
+
+from django.db import connections, router
+from django.http import HttpRequest, HttpResponse
+from django.tasks import task_backends
+from django.utils import timezone
+
+from dashboard.access import staff_required
+from dashboard.rendering import render_page
+from ox.backend import OxBackend
+from ox.models import Task
+from ox.periodic import schedule_status
+from ox.tablehealth import DEFAULT_MAX_XACT_AGE, table_health
+
+PARTS = ("schedules", "table")  # ?part= picks one section; an htmx request without it gets both
+
+
+def max_xact_age() -> float:
+    """The strictest HEALTH_MAX_XACT_AGE of the ox backends, as `manage.py ox_health` reads it."""
+    ages = [b.config.health_max_xact_age for b in task_backends.all() if isinstance(b, OxBackend)]
+    return min(ages, default=DEFAULT_MAX_XACT_AGE)
+
+
+@staff_required
+def health(request: HttpRequest) -> HttpResponse:
+    part = request.GET.get("part")
+    part = part if part in PARTS else None
+    now = timezone.now()
+    context: dict[str, object] = {"now": now}
+    if part in (None, "schedules"):
+        context["schedules"] = schedule_status(now)
+    if part in (None, "table"):
+        database = connections[router.db_for_read(Task)]  # the one table_health() reads
+        context["database"] = database.display_name
+        context["postgres"] = database.vendor == "postgresql"
+        context["table"] = table_health(max_xact_age=max_xact_age())
+    return render_page(request, "dashboard/health.html", context, part or "live")
