@@ -67,7 +67,29 @@ class _Tracker:
             return True
 
 
-class SyncExecutor:
+class _Executor:
+    """What both executors share: which tasks started, and stopping one by its id."""
+
+    tracker: _Tracker
+
+    def started_at(self, task_id: uuid.UUID) -> float | None:
+        return self.tracker.started.get(task_id)
+
+    def interrupt(self, task_id: uuid.UUID, exc_type: type[TaskInterrupt]) -> bool:
+        """Interrupt a running task, or make an unstarted one skip (cancelled)."""
+        if self.tracker.mark_skip(task_id, Outcome.CANCELLED if exc_type is TaskCancelled else SKIPPED):
+            return True
+        return self._interrupt_running(task_id, exc_type)
+
+    def _interrupt_running(self, task_id: uuid.UUID, exc_type: type[TaskInterrupt]) -> bool:
+        raise NotImplementedError
+
+    def forget(self, task_id: uuid.UUID) -> bool:
+        """The lease was lost: skip the task if it has not started."""
+        return self.tracker.mark_skip(task_id, SKIPPED)
+
+
+class SyncExecutor(_Executor):
     def __init__(self, threads: int, sender: type, outcomes: "queue.Queue[Any]") -> None:
         self.inbox: queue.Queue[Prepared | None] = queue.Queue()
         self.outcomes = outcomes
@@ -97,18 +119,8 @@ class SyncExecutor:
                 self.tracker.end(task_id)
             self.outcomes.put(finished)
 
-    def started_at(self, task_id: uuid.UUID) -> float | None:
-        return self.tracker.started.get(task_id)
-
-    def interrupt(self, task_id: uuid.UUID, exc_type: type[TaskInterrupt]) -> bool:
-        """Interrupt a running task, or make an unstarted one skip (cancelled)."""
-        if self.tracker.mark_skip(task_id, Outcome.CANCELLED if exc_type is TaskCancelled else SKIPPED):
-            return True
+    def _interrupt_running(self, task_id: uuid.UUID, exc_type: type[TaskInterrupt]) -> bool:
         return self.interrupter.interrupt(task_id, exc_type)
-
-    def forget(self, task_id: uuid.UUID) -> bool:
-        """The lease was lost: skip the task if it has not started."""
-        return self.tracker.mark_skip(task_id, SKIPPED)
 
     def take_back(self) -> list[Prepared]:
         """Everything still waiting in the inbox (shutdown hands these back)."""
@@ -126,7 +138,7 @@ class SyncExecutor:
             self.inbox.put(None)
 
 
-class AsyncExecutor:
+class AsyncExecutor(_Executor):
     def __init__(self, concurrency: int, sender: type, outcomes: "queue.Queue[Any]") -> None:
         self.loop = asyncio.new_event_loop()
         self.runner = AsyncRunner(self.loop)
@@ -158,16 +170,8 @@ class AsyncExecutor:
         self.waiting[prep.claimed.id] = prep
         asyncio.run_coroutine_threadsafe(self._run(prep), self.loop)
 
-    def started_at(self, task_id: uuid.UUID) -> float | None:
-        return self.tracker.started.get(task_id)
-
-    def interrupt(self, task_id: uuid.UUID, exc_type: type[TaskInterrupt]) -> bool:
-        if self.tracker.mark_skip(task_id, Outcome.CANCELLED if exc_type is TaskCancelled else SKIPPED):
-            return True
+    def _interrupt_running(self, task_id: uuid.UUID, exc_type: type[TaskInterrupt]) -> bool:
         return self.runner.interrupt(task_id, exc_type)
-
-    def forget(self, task_id: uuid.UUID) -> bool:
-        return self.tracker.mark_skip(task_id, SKIPPED)
 
     def take_back(self) -> list[Prepared]:
         taken = []
