@@ -37,10 +37,17 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_signal)
         self.children = [self._spawn() for _ in range(self.processes)]
         restarts: list[float] = []
-        while not self.stopping:
+        done: set[int] = set()  # children that finished their work (--batch, --max-tasks)
+        while not self.stopping and len(done) < len(self.children):
             for i, child in enumerate(self.children):
                 code = child.poll()
-                if code is None or self.stopping:
+                if code is None or self.stopping or i in done:
+                    continue
+                if code == 0:
+                    # A worker exits 0 only when it chose to: its batch is drained or its
+                    # --max-tasks are done. Only a death or a failure is restarted.
+                    logger.info("supervisor: worker pid=%s finished", child.pid)
+                    done.add(i)
                     continue
                 logger.warning("supervisor: worker pid=%s exited with %s; restarting", child.pid, code)
                 restarts = [t for t in restarts if time.monotonic() - t < 10] + [time.monotonic()]

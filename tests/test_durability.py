@@ -245,6 +245,14 @@ def test_second_signal_exits_at_once(start_worker):
     assert status_of(r) == Status.RUNNING  # the rescuer will take it back
 
 
+def test_supervisor_in_batch_mode_exits_when_its_children_are_done(start_worker):
+    results = [tasks.echo.enqueue(i) for i in range(20)]
+    supervisor = start_worker("--processes", "2", "--batch")
+    assert supervisor.wait(timeout=60) == 0, supervisor.output()
+    assert all(status_of(r) == Status.SUCCESSFUL for r in results)
+    assert Worker.objects.count() == 2  # finished children were not restarted
+
+
 def test_supervisor_restarts_a_killed_child(start_worker):
     supervisor = start_worker("--processes", "2", env=options(heartbeat=0.3))
     wait_until(lambda: Worker.objects.filter(stopped_at__isnull=True).count() == 2, timeout=30)
