@@ -33,6 +33,8 @@ class OxBackend(BaseTaskBackend):
         if isinstance(task.run_after, timedelta):
             # Django documents a timedelta run_after but its check expects a datetime; ox
             # resolves the delay at enqueue. replace() re-runs the base checks without it.
+            if not self.supports_defer:
+                raise InvalidTask("Backend does not support run_after.")
             if task.run_after < timedelta(0):
                 raise InvalidTask("run_after must not be a negative timedelta.")
             replace(task, run_after=None)

@@ -1,32 +1,39 @@
 """Outcomes waiting to be written. Successes go in batches (one statement for many tasks,
 usually riding on the next claim); failures one transaction each. Nothing is dropped when
-the database is away: a batch leaves the buffer only once written."""
+the database is away: a batch leaves the buffer only once written. A batch is never
+hostage to one row: when the database refuses a batch for what is in it, the batch is
+split until the refused row is found; that task fails with the database's reason and the
+rest are written."""
 
-import json
 import logging
 import time
-from datetime import datetime, timedelta
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
+from django.db import DataError, IntegrityError
 from django.tasks import TaskResultStatus
-from django.tasks.base import TaskError
-from django.tasks.signals import task_finished
 
 from ox import sql
-from ox.backoff import retry_delay
 from ox.conf import OxOptions
+from ox.exceptions import class_path
 from ox.execution import Finished
 from ox.logs import event, task_fields
 from ox.models import Outcome
+from ox.signals_out import FinishedSignals
+from ox.storable import NotStorable, storable_text
 
 logger = logging.getLogger("ox.worker")
+
+# What a statement fails with when a row's content is the problem (not the connection).
+REFUSED = (DataError, IntegrityError, ValueError, TypeError, OverflowError)
 
 
 class Completer:
     def __init__(self, worker_id: str, options: OxOptions, sender: type) -> None:
         self.worker_id = worker_id
         self.options = options
-        self.sender = sender
+        self.signals = FinishedSignals(sender, worker_id)
         self.successes: list[Finished] = []
         self.failures: list[Finished] = []
         self.flush_due: float | None = None  # monotonic
@@ -35,6 +42,9 @@ class Completer:
 
     def __bool__(self) -> bool:
         return bool(self.successes or self.failures)
+
+    def pending(self) -> list[Finished]:
+        return [*self.successes, *self.failures]
 
     def add(self, finished: Finished) -> None:
         if finished.kind == "successful":
@@ -55,14 +65,17 @@ class Completer:
         return full or idle or time.monotonic() >= (self.flush_due or 0)
 
     def take_successes(self) -> list[sql.Completion]:
-        return [sql.Completion(f.claimed.id, f.claimed.fence, f.return_json, f.finished_at) for f in self.successes]
+        return [
+            sql.Completion(f.claimed.id, f.claimed.fence, f.return_json, f.started_at, f.finished_at)
+            for f in self.successes
+        ]
 
-    def written(self, ids: set[Any]) -> None:
-        """The current success batch went through (ids: those not fenced out)."""
+    def written(self, keys: set[Any]) -> None:
+        """The current success batch went through (keys: the claims not fenced out)."""
         batch, self.successes, self.flush_due = self.successes, [], None
         for f in batch:
-            if f.claimed.id in ids:
-                self._signal(f, TaskResultStatus.SUCCESSFUL)
+            if f.key in keys:
+                self.signals.send(f, TaskResultStatus.SUCCESSFUL)
             else:
                 self._fenced(f)
 
@@ -74,18 +87,38 @@ class Completer:
     def flush(self, conn: Any) -> None:
         self.flush_failures(conn)
         if self.successes:
-            self.written(sql.complete(conn, self.take_successes()))
+            self.isolate(conn, lambda batch: sql.complete(conn, batch))
+
+    def isolate(self, conn: Any, write: Callable[[list[sql.Completion]], set[Any]]) -> None:
+        """Write the success batch; if the database refuses it for its content, split it
+        until the refused rows are found, fail those tasks, write the rest."""
+        batch = self.successes
+        written: set[Any] = set()
+        refused: list[tuple[Finished, Exception]] = []
+
+        def attempt(part: list[Finished]) -> None:
+            try:
+                written.update(write(_completions(part)))
+            except REFUSED as exc:
+                if len(part) == 1:
+                    refused.append((part[0], exc))
+                    return
+                middle = len(part) // 2
+                attempt(part[:middle])
+                attempt(part[middle:])
+
+        attempt(batch)
+        self.written(written)
+        for finished, exc in refused:
+            self.failures.append(_refused(finished, exc))
+        self.flush_failures(conn)
 
     def _write_failure(self, conn: Any, finished: Finished) -> None:
         claimed = finished.claimed
-        retry_at: datetime | None = None
-        note = ""
-        if finished.kind != Outcome.CANCELLED and finished.retryable and claimed.attempts < claimed.max_attempts:
-            exc = finished.exception or Exception(finished.kind)
-            delay, note = retry_delay(finished.task, exc, finished.result, claimed.attempts, self.options)
-            if delay is not None:
-                retry_at = finished.finished_at + timedelta(seconds=delay)
-                self.retry_due = max(self.retry_due, time.monotonic() + delay)
+        retry_at = None
+        if finished.retry_in is not None and finished.kind != Outcome.CANCELLED:
+            retry_at = finished.finished_at + timedelta(seconds=finished.retry_in)
+        note = f"\n[ox] {finished.note}\n" if finished.note else ""
         failure = sql.Failure(
             id=claimed.id,
             fence=claimed.fence,
@@ -94,26 +127,35 @@ class Completer:
             started_at=finished.started_at,
             finished_at=finished.finished_at,
             outcome=finished.kind,
-            exception_class_path=finished.exception_class_path,
-            traceback=finished.traceback + (f"\n[ox] {note}\n" if note else ""),
+            exception_class_path=storable_text(finished.exception_class_path),
+            traceback=storable_text(finished.traceback + note),
             retry_at=retry_at,
         )
-        if not sql.fail(conn, failure):
+        try:
+            status = sql.fail(conn, failure)
+        except REFUSED as exc:
+            # The error text itself was refused: keep what can be stored of it.
+            failure.traceback = f"[ox] the database refused this attempt's traceback: {storable_text(repr(exc))}"
+            failure.exception_class_path = failure.exception_class_path.encode("ascii", "replace").decode()
+            status = sql.fail(conn, failure)
+        if status is None:
             self._fenced(finished)
             return
+        if status == "READY" and retry_at is not None:
+            self.retry_due = max(self.retry_due, time.monotonic() + (finished.retry_in or 0))
         text = finished.traceback.strip()
-        last_line = text.splitlines()[-1] if text else finished.kind
-        then = f"retry at {retry_at.isoformat()}" if retry_at else "no retry"
+        last_line = storable_text(text.splitlines()[-1] if text else finished.kind)
+        then = f"retry at {retry_at.isoformat()}" if status == "READY" and retry_at else f"now {status}"
         event(
             logger,
-            logging.WARNING if retry_at else logging.ERROR,
+            logging.WARNING if status == "READY" else logging.ERROR,
             f"attempt {finished.kind}, {then}: {last_line}",
             **task_fields(claimed),
             worker=self.worker_id,
             outcome=finished.kind,
         )
-        if retry_at is None:
-            self._signal(finished, TaskResultStatus.FAILED)
+        if status != "READY":
+            self.signals.send(finished, TaskResultStatus.FAILED)
 
     def _fenced(self, finished: Finished) -> None:
         self.fenced_out += 1
@@ -126,25 +168,31 @@ class Completer:
             outcome=finished.kind,
         )
 
-    def _signal(self, finished: Finished, status: TaskResultStatus) -> None:
-        """task_finished, sent once the outcome is durable."""
-        result = finished.result
-        if result is None:
-            return
-        object.__setattr__(result, "status", status)
-        object.__setattr__(result, "finished_at", finished.finished_at)
-        if status == TaskResultStatus.SUCCESSFUL:
-            object.__setattr__(result, "_return_value", json.loads(finished.return_json))
-        else:
-            error = TaskError(exception_class_path=finished.exception_class_path, traceback=finished.traceback)
-            result.errors.append(error)
-        try:
-            task_finished.send(self.sender, task_result=result)
-        except Exception as exc:  # noqa: BLE001
-            event(
-                logger,
-                logging.ERROR,
-                f"a task_finished receiver raised {exc!r}",
-                **task_fields(finished.claimed),
-                worker=self.worker_id,
-            )
+
+def _completions(part: list[Finished]) -> list[sql.Completion]:
+    return [sql.Completion(f.claimed.id, f.claimed.fence, f.return_json, f.started_at, f.finished_at) for f in part]
+
+
+def _refused(finished: Finished, exc: Exception) -> Finished:
+    """A success whose result the database refused: the task fails, without retry (the body
+    would return the same value again)."""
+    reason = NotStorable(f"the database refused the task's return value: {storable_text(str(exc)).strip()}")
+    event(
+        logger,
+        logging.ERROR,
+        f"result refused by the database: {reason}",
+        **task_fields(finished.claimed),
+        outcome=Outcome.FAILED,
+    )
+    return Finished(
+        claimed=finished.claimed,
+        kind=Outcome.FAILED,
+        started_at=finished.started_at,
+        finished_at=finished.finished_at,
+        exception_class_path=class_path(NotStorable),
+        traceback=f"{class_path(NotStorable)}: {reason}\n",
+        exception=reason,
+        task=finished.task,
+        result=finished.result,
+        retryable=False,
+    )

@@ -20,6 +20,10 @@ class OxOptions:
     lease: float = 30.0  # a RUNNING task's lease; renewed every `heartbeat` seconds
     heartbeat: float = 3.0
     rescue_interval: float = 1.0
+    # PostgreSQL: a worker whose liveness lock is free this long is dead (a live one that
+    # reconnects within it keeps its tasks); also how long a reconnected rescuer waits
+    # before judging anyone, so workers back from the same outage can renew first.
+    liveness_grace: float = 1.0
     max_lost: int = 5  # a task lost with its worker this often is FAILED (it may be what kills them)
     poll_interval: float = 1.0
     shutdown_grace: float = 30.0
@@ -59,7 +63,7 @@ class OxOptions:
 
         if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
             raise ImproperlyConfigured(f"ox OPTIONS MAX_ATTEMPTS must be an integer >= 1, got {self.max_attempts!r}")
-        for name in ("backoff_max", "lease", "heartbeat", "rescue_interval", "poll_interval"):
+        for name in ("backoff_max", "lease", "heartbeat", "rescue_interval", "poll_interval", "liveness_grace"):
             positive(name, getattr(self, name))
         for name in ("backoff_base", "shutdown_grace", "interrupt_grace", "completion_flush_ms"):
             positive(name, getattr(self, name), allow_zero=True)

@@ -1,19 +1,96 @@
 """The worker's own database connection: opened once, held for the worker's life whatever
-CONN_MAX_AGE says, never shared with task bodies (which use Django's per-thread ones)."""
+CONN_MAX_AGE says, never shared with task bodies (which use Django's per-thread ones).
+
+On PostgreSQL both ends of that connection get TCP keepalives, so a network partition that
+closes nothing (a cable pulled, a host frozen, a firewall dropping packets) ends the session
+within seconds instead of hours:
+
+- the worker's side (libpq `keepalives*` and `tcp_user_timeout`) notices that the server is
+  gone, so the worker stops waiting on a dead socket and reconnects;
+- the server's side (the per-session settings `tcp_keepalives_*` and `tcp_user_timeout`)
+  ends the dead backend, and with it the worker's liveness advisory lock, its LISTEN, and any
+  transaction or row lock it held.
+
+Defaults: first probe after 5 s of silence, then every 2 s, give up after 3 unanswered
+(`tcp_user_timeout` = 5 + 2 x 3 = 11 s, which also bounds unacknowledged writes). The
+database's own OPTIONS win, key by key (`"keepalives_idle": 30`, ... in DATABASES, or
+`?keepalives_idle=30` in DATABASE_URL); the server side follows the same values.
+`"keepalives": 0` turns all of it off.
+"""
 
 import copy
+from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
+
+KEEPALIVE_DEFAULTS = {"keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
+# libpq connection parameter -> the server's per-session setting of the same meaning.
+SERVER_SETTINGS = {
+    "keepalives_idle": "tcp_keepalives_idle",  # seconds
+    "keepalives_interval": "tcp_keepalives_interval",  # seconds
+    "keepalives_count": "tcp_keepalives_count",
+    "tcp_user_timeout": "tcp_user_timeout",  # milliseconds
+}
+_SERVER_ATTR = "ox_server_keepalives"
+
+
+def keepalive_settings(options: dict[str, Any]) -> dict[str, int] | None:
+    """The keepalive values for a PostgreSQL worker connection, given the database's OPTIONS:
+    theirs where set, ox's defaults otherwise. None when OPTIONS turn keepalives off."""
+
+    def number(key: str, value: Any) -> int:
+        try:
+            parsed = int(str(value).strip())
+        except ValueError:
+            parsed = -1
+        if parsed < 0:
+            raise ImproperlyConfigured(f"DATABASES OPTIONS {key!r} must be a whole number >= 0, got {value!r}")
+        return parsed
+
+    if "keepalives" in options and number("keepalives", options["keepalives"]) == 0:
+        return None
+    values = {key: number(key, options.get(key, default)) for key, default in KEEPALIVE_DEFAULTS.items()}
+    silent = values["keepalives_idle"] + values["keepalives_interval"] * values["keepalives_count"]
+    values["tcp_user_timeout"] = number("tcp_user_timeout", options.get("tcp_user_timeout", silent * 1000))
+    return values
 
 
 def open_worker_connection(alias: str) -> BaseDatabaseWrapper:
     conn = connections.create_connection(alias)
     settings = copy.deepcopy(conn.settings_dict)
+    options = settings.setdefault("OPTIONS", {})
     # A pooled connection would go back to the pool between statements; the worker's
     # session state (LISTEN, its liveness advisory lock) must stay on one session.
-    settings.get("OPTIONS", {}).pop("pool", None)
+    options.pop("pool", None)
     settings["CONN_MAX_AGE"] = None
+    if conn.vendor == "postgresql":
+        keepalives = keepalive_settings(options)
+        if keepalives is not None:
+            options.update({"keepalives": 1, **keepalives})
+            # Applied at every connect of this wrapper (see _server_keepalives).
+            setattr(conn, _SERVER_ATTR, keepalives)
     conn.settings_dict = settings
     conn.ensure_connection()
     return conn
+
+
+def _server_keepalives(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """Set the server's side of a worker connection's keepalives, in one round trip, as soon as
+    it connects (a receiver, so a reconnect of the same wrapper gets them too)."""
+    keepalives: dict[str, int] | None = getattr(connection, _SERVER_ATTR, None)
+    if not keepalives:
+        return
+    pairs = [(SERVER_SETTINGS[key], str(value)) for key, value in keepalives.items()]
+    raw = connection.connection
+    with raw.cursor() as cursor:
+        cursor.execute(
+            "SELECT " + ", ".join("set_config(%s, %s, false)" for _ in pairs), [part for pair in pairs for part in pair]
+        )
+    if not raw.autocommit:  # AUTOCOMMIT off: make the settings outlive this transaction
+        raw.commit()
+
+
+connection_created.connect(_server_keepalives, dispatch_uid="ox.connection.server_keepalives")

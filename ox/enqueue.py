@@ -1,5 +1,6 @@
 """Enqueue: one INSERT on the database the router gives ox.Task (bulk: one statement per batch)."""
 
+import inspect
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,10 @@ def resolve_run_after(run_after: datetime | timedelta | None, now: datetime) -> 
     return run_after
 
 
+def is_async_task(task: DjangoTask) -> bool:
+    return inspect.iscoroutinefunction(task.func)
+
+
 def new_task(
     backend: "OxBackend", task: DjangoTask, args: Sequence[Any], kwargs: dict[str, Any], now: datetime
 ) -> sql.NewTask:
@@ -47,6 +52,8 @@ def new_task(
         run_after=resolve_run_after(task.run_after, now),
         enqueued_at=now,
         max_attempts=getattr(task, "max_attempts", None) or backend.config.max_attempts,
+        is_async=is_async_task(task),
+        scheduled_for=None if task.run_after is None else resolve_run_after(task.run_after, now),
     )
 
 
@@ -82,7 +89,9 @@ def enqueue_many(
     # new_task() inlined: at 10,000 calls its per-call overhead is a third of the cost.
     path, queue, priority = task.module_path, task.queue_name, task.priority
     run_after = resolve_run_after(task.run_after, now)
+    scheduled_for = None if task.run_after is None else run_after
     max_attempts = getattr(task, "max_attempts", None) or backend.config.max_attempts
+    kind = is_async_task(task)
     rows = [
         sql.NewTask(
             uuid7(),
@@ -94,6 +103,8 @@ def enqueue_many(
             run_after,
             now,
             max_attempts,
+            kind,
+            scheduled_for,
         )
         for args, kwargs in calls
     ]

@@ -18,14 +18,15 @@ from django.tasks import TaskContext, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_started
 from django.utils import timezone
-from django.utils.json import normalize_json
 
+from ox.backoff import retry_delay
+from ox.conf import OxOptions
 from ox.exceptions import TaskCancelled, TaskInterrupt, TaskTimeout, TaskUnrunnable, class_path
 from ox.interrupt import Interrupter
-from ox.jsoncheck import json_problem
 from ox.models import Outcome
 from ox.results import resolve_task, with_row_settings
 from ox.sql import Claimed
+from ox.storable import NotStorable, return_json, storable_text
 
 SUCCESSFUL = "successful"
 
@@ -39,6 +40,10 @@ class Prepared:
     result: TaskResult
     timeout: float | None
     is_async: bool
+
+    @property
+    def key(self) -> tuple[Any, int]:
+        return self.claimed.key
 
 
 @dataclass(slots=True)
@@ -54,6 +59,12 @@ class Finished:
     task: DjangoTask | None = None
     result: TaskResult | None = None
     retryable: bool = True
+    retry_in: float | None = None  # seconds until the next attempt; None: this one is final
+    note: str = ""  # what ox adds to the traceback (a misbehaving backoff, say)
+
+    @property
+    def key(self) -> tuple[Any, int]:
+        return self.claimed.key
 
 
 def _now() -> datetime:
@@ -63,18 +74,21 @@ def _now() -> datetime:
 
 def describe(exc: BaseException) -> tuple[str, str]:
     """Class path and traceback text, even for exceptions whose str() or repr() raise."""
-    path = class_path(type(exc))
+    path = storable_text(class_path(type(exc)))
     try:
         text = "".join(traceback.format_exception(exc))
     except Exception:  # noqa: BLE001
         text = f"{path}: <the exception could not be formatted>"
-    return path, text.replace("\x00", "\\x00")  # PostgreSQL text cannot hold NUL
+    # A message may hold NUL or a lone surrogate (an undecodable file name): neither
+    # database stores those as text, and the error must not be lost for it.
+    return path, storable_text(text)
 
 
 def unrunnable(
     claimed: Claimed, message: str, *, retryable: bool = False, cause: BaseException | None = None
 ) -> Finished:
     now = timezone.now()
+    message = storable_text(message)
     exc = TaskUnrunnable(message)
     text = f"{class_path(TaskUnrunnable)}: {message}\n"
     if cause is not None:
@@ -124,13 +138,13 @@ def running_result(
     __init__ normalizes args through JSON again, and these just came out of JSON."""
     result = object.__new__(TaskResult)
     for name, value in (
-        ("task", with_row_settings(task, claimed.priority, claimed.queue, None)),
+        ("task", with_row_settings(task, claimed.priority, claimed.queue, claimed.scheduled_for)),
         ("id", str(claimed.id)),
-        ("status", TaskResultStatus.RUNNING),
+        ("status", TaskResultStatus.READY),  # RUNNING once its body starts (started())
         ("enqueued_at", claimed.enqueued_at),
         ("started_at", claimed.started_at),
         ("finished_at", None),
-        ("last_attempted_at", claimed.last_attempted_at),
+        ("last_attempted_at", None),
         ("args", args),
         ("kwargs", kwargs),
         ("backend", backend_alias),
@@ -190,19 +204,32 @@ def _call_args(prep: Prepared) -> list[Any]:
     return [TaskContext(task_result=prep.result), *prep.args] if prep.task.takes_context else prep.args
 
 
+def started(prep: Prepared) -> datetime:
+    """The body is about to run: from now the task reads as RUNNING."""
+    now = _now()
+    result = prep.result
+    object.__setattr__(result, "status", TaskResultStatus.RUNNING)
+    object.__setattr__(result, "started_at", result.started_at or now)
+    object.__setattr__(result, "last_attempted_at", now)
+    return now
+
+
 def _finish_value(prep: Prepared, started: datetime, value: Any) -> Finished:
     if value is None:  # the common case, without the walk
         return Finished(prep.claimed, SUCCESSFUL, started, _now(), task=prep.task, result=prep.result)
-    problem = json_problem(value, "the return value")
-    if problem:
-        exc = TypeError(f"Task return values must survive a JSON round trip: {problem}.")
-        return _finish_error(prep, started, exc, Outcome.FAILED)
+    try:
+        text = return_json(value)
+    except NotStorable as exc:
+        # The body ran to the end; running it again would return the same value.
+        finished = _finish_error(prep, started, exc, Outcome.FAILED)
+        finished.retryable = False
+        return finished
     return Finished(
         claimed=prep.claimed,
         kind=SUCCESSFUL,
         started_at=started,
         finished_at=_now(),
-        return_json=json.dumps(normalize_json(value)),
+        return_json=text,
         task=prep.task,
         result=prep.result,
     )
@@ -231,6 +258,19 @@ def _kind_of(exc: BaseException) -> str:
     return Outcome.FAILED
 
 
+def decide_retry(finished: Finished, options: OxOptions) -> Finished:
+    """Whether and when a failed attempt runs again. Runs where the task ran (its thread,
+    or the event loop), not on the worker loop: a backoff is user code and may be slow."""
+    claimed = finished.claimed
+    if finished.kind in (SUCCESSFUL, Outcome.CANCELLED) or not finished.retryable:
+        return finished
+    if claimed.attempts >= claimed.max_attempts:
+        return finished
+    exc = finished.exception or Exception(finished.kind)
+    finished.retry_in, finished.note = retry_delay(finished.task, exc, finished.result, claimed.attempts, options)
+    return finished
+
+
 _thread_state = threading.local()
 
 
@@ -240,7 +280,10 @@ def _before_task() -> None:
     if settings.DEBUG:
         reset_queries()
     if time.monotonic() - getattr(_thread_state, "checked_at", 0.0) > 1.0:
-        close_old_connections()
+        try:
+            close_old_connections()
+        except Exception:  # noqa: BLE001, S110  (a broken connection is closed anyway)
+            pass
 
 
 def _after_task() -> None:
@@ -251,74 +294,112 @@ def _after_task() -> None:
     _thread_state.checked_at = time.monotonic()
 
 
-def run_sync(prep: Prepared, interrupter: Interrupter, sender: type) -> Finished:
+def run_sync(prep: Prepared, interrupter: Interrupter, sender: type, options: OxOptions) -> Finished:
     """Run a sync task in the calling (pool) thread, with Django's per-request connection
     handling around it."""
     _before_task()
-    started = _now()
+    begun = started(prep)
     finished: Finished | None = None
-    interrupter.enter(prep.claimed.id)
+    interrupter.enter(prep.key)
     try:
         try:
             task_started.send(sender=sender, task_result=prep.result)
             value = prep.task.func(*_call_args(prep), **prep.kwargs)
-            finished = _finish_value(prep, started, value)
+            finished = _finish_value(prep, begun, value)
         except TaskInterrupt as exc:
-            finished = _finish_error(prep, started, exc, _kind_of(exc))
+            finished = _finish_error(prep, begun, exc, _kind_of(exc))
         except BaseException as exc:  # noqa: BLE001  (SystemExit from a task is the task's failure)
-            finished = misfit(prep, exc) or _finish_error(prep, started, exc, Outcome.FAILED)
+            finished = misfit(prep, exc) or _finish_error(prep, begun, exc, Outcome.FAILED)
+        finished = decide_retry(finished, options)
     except TaskInterrupt as exc:  # landed while we were recording the outcome
-        finished = finished or _finish_error(prep, started, exc, _kind_of(exc))
+        finished = finished or _finish_error(prep, begun, exc, _kind_of(exc))
     finally:
-        interrupter.leave(prep.claimed.id)
+        interrupter.leave(prep.key)
     _after_task()
     return finished
 
 
+class _Raised:
+    """What a task raised, carried out of its asyncio Task as a value: SystemExit or
+    KeyboardInterrupt raised out of a Task would stop the event loop itself."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+async def _guarded(coroutine: Any, prep: Prepared, sender: type) -> Any:
+    try:
+        try:
+            await task_started.asend(sender=sender, task_result=prep.result)
+        except BaseException:
+            coroutine.close()  # never started: no "never awaited" warning
+            raise
+        return await coroutine
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # ox cancelled it (a cancel, a timeout)
+        return _Raised(exc)  # the task raised CancelledError itself: its own failure
+    except BaseException as exc:  # noqa: BLE001
+        return _Raised(exc)
+
+
 class AsyncRunner:
-    """Async tasks run concurrently on one event loop (in its own thread)."""
+    """Async tasks run concurrently on one event loop (in its own thread). Every in-flight
+    structure is keyed by the claim (task id, fence)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._inner: dict[Any, asyncio.Task[Any]] = {}
         self._reasons: dict[Any, type[TaskInterrupt]] = {}
 
-    async def run(self, prep: Prepared, sender: type) -> Finished:
-        started = _now()
-        key = prep.claimed.id
+    async def run(self, prep: Prepared, sender: type, options: OxOptions) -> Finished:
+        key = prep.key
+        begun = started(prep)
         try:
-            await task_started.asend(sender=sender, task_result=prep.result)
             try:
+                # Creating the coroutine runs none of the body: a TypeError here means the
+                # stored arguments no longer fit the function.
                 coroutine = prep.task.func(*_call_args(prep), **prep.kwargs)
-            except TypeError as exc:
-                return misfit(prep, exc) or _finish_error(prep, started, exc, Outcome.FAILED)
-            inner = asyncio.ensure_future(coroutine)
+            except BaseException as exc:  # noqa: BLE001
+                return decide_retry(misfit(prep, exc) or _finish_error(prep, begun, exc, Outcome.FAILED), options)
+            inner = asyncio.ensure_future(_guarded(coroutine, prep, sender))
             self._inner[key] = inner
             try:
                 async with asyncio.timeout(prep.timeout) as scope:
-                    value = await inner
-            except TimeoutError as exc:
-                if scope.expired():
-                    return _finish_error(
-                        prep, started, TaskTimeout(f"timed out after {prep.timeout} s"), Outcome.TIMED_OUT
-                    )
-                return _finish_error(prep, started, exc, Outcome.FAILED)
+                    outcome = await inner
+            except TimeoutError:
+                if not scope.expired():
+                    raise
+                timeout = TaskTimeout(f"timed out after {prep.timeout} s")
+                return decide_retry(_finish_error(prep, begun, timeout, Outcome.TIMED_OUT), options)
             except asyncio.CancelledError:
                 reason = self._reasons.get(key)
                 if reason is None:
                     raise  # the loop itself is shutting down
-                return _finish_error(prep, started, reason("interrupted"), _kind_of(reason("")))
-            return _finish_value(prep, started, value)
-        except Exception as exc:  # noqa: BLE001
-            return _finish_error(prep, started, exc, Outcome.FAILED)
+                return decide_retry(_finish_error(prep, begun, reason("interrupted"), _kind_of(reason(""))), options)
+            if isinstance(outcome, _Raised):
+                reason = self._reasons.get(key)
+                kind = _kind_of(reason("")) if reason is not None else _kind_of(outcome.exc)
+                return decide_retry(_finish_error(prep, begun, outcome.exc, kind), options)
+            return decide_retry(_finish_value(prep, begun, outcome), options)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            return _finish_error(prep, begun, RuntimeError("the task was cancelled by its event loop"), Outcome.FAILED)
+        except BaseException as exc:  # noqa: BLE001  (whatever happens, the task reports)
+            return _finish_error(prep, begun, exc, Outcome.FAILED)
         finally:
             self._inner.pop(key, None)
             self._reasons.pop(key, None)
 
-    def interrupt(self, task_id: Any, exc_type: type[TaskInterrupt]) -> bool:
-        inner = self._inner.get(task_id)
+    def interrupt(self, key: Any, exc_type: type[TaskInterrupt]) -> bool:
+        inner = self._inner.get(key)
         if inner is None:
             return False
-        self._reasons[task_id] = exc_type
+        self._reasons[key] = exc_type
         self.loop.call_soon_threadsafe(inner.cancel)
         return True

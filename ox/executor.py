@@ -2,28 +2,33 @@
 
 Both take every claimed task at once (the prefetched ones wait in their inbox) and report
 each outcome to the worker's outcome queue. A task not yet started can be skipped (it was
-cancelled, or its lease was lost) or taken back (shutdown) without ever running.
+cancelled, or its lease was lost) or taken back (shutdown, or it was prefetched behind a
+long task) without ever running. Everything is keyed by the claim (task id, fence).
 """
 
 import asyncio
+import logging
 import queue
 import threading
 import time
-import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
-from django.utils import timezone
-
+from ox.conf import OxOptions
 from ox.exceptions import TaskCancelled, TaskInterrupt
-from ox.execution import AsyncRunner, Finished, Prepared, run_sync
+from ox.execution import AsyncRunner, Finished, Prepared, run_sync, unrunnable
 from ox.interrupt import Interrupter
 from ox.models import Outcome
 
+logger = logging.getLogger("ox.worker")
+
 SKIPPED = "skipped"  # an outcome kind with nothing to write: the lease is no longer ours
+Key = tuple[Any, int]
 
 
 def skipped(prep: Prepared, kind: str) -> Finished:
-    now = timezone.now()
+    now = datetime.now(UTC)
     if kind == Outcome.CANCELLED:
         return Finished(
             claimed=prep.claimed,
@@ -39,63 +44,79 @@ def skipped(prep: Prepared, kind: str) -> Finished:
 
 
 class _Tracker:
-    """Which handed-over tasks have started; skip marks for those that have not."""
+    """Which handed-over claims have started (and when); skip marks for those that have not."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_start: Callable[[], None]) -> None:
         self.lock = threading.Lock()
-        self.started: dict[uuid.UUID, float] = {}  # task id -> monotonic start
-        self.skip: dict[uuid.UUID, str] = {}
+        self.started: dict[Key, tuple[float, datetime]] = {}  # monotonic and wall-clock start
+        self.skip: dict[Key, str] = {}
+        self.on_start = on_start
 
-    def begin(self, task_id: uuid.UUID) -> str | None:
+    def begin(self, key: Key) -> str | None:
         """Mark started, unless a skip was asked for first (returns its kind)."""
         with self.lock:
-            kind = self.skip.pop(task_id, None)
+            kind = self.skip.pop(key, None)
             if kind is None:
-                self.started[task_id] = time.monotonic()
-            return kind
+                self.started[key] = (time.monotonic(), datetime.now(UTC))
+        if kind is None:
+            self.on_start()
+        return kind
 
-    def end(self, task_id: uuid.UUID) -> None:
+    def end(self, key: Key) -> None:
         with self.lock:
-            self.started.pop(task_id, None)
+            self.started.pop(key, None)
 
-    def mark_skip(self, task_id: uuid.UUID, kind: str) -> bool:
-        """Skip a task that has not started; False if it already runs."""
+    def mark_skip(self, key: Key, kind: str) -> bool:
+        """Skip a claim that has not started; False if it already runs."""
         with self.lock:
-            if task_id in self.started:
+            if key in self.started:
                 return False
-            self.skip[task_id] = kind
+            self.skip[key] = kind
             return True
 
 
 class _Executor:
-    """What both executors share: which tasks started, and stopping one by its id."""
+    """What both executors share: which claims started, and stopping one by its key."""
 
     tracker: _Tracker
 
-    def started_at(self, task_id: uuid.UUID) -> float | None:
-        return self.tracker.started.get(task_id)
+    def started_at(self, key: Key) -> float | None:
+        entry = self.tracker.started.get(key)
+        return entry[0] if entry else None
 
-    def interrupt(self, task_id: uuid.UUID, exc_type: type[TaskInterrupt]) -> bool:
+    def started_wall(self, key: Key) -> datetime | None:
+        entry = self.tracker.started.get(key)
+        return entry[1] if entry else None
+
+    def interrupt(self, key: Key, exc_type: type[TaskInterrupt]) -> bool:
         """Interrupt a running task, or make an unstarted one skip (cancelled)."""
-        if self.tracker.mark_skip(task_id, Outcome.CANCELLED if exc_type is TaskCancelled else SKIPPED):
+        if self.tracker.mark_skip(key, Outcome.CANCELLED if exc_type is TaskCancelled else SKIPPED):
             return True
-        return self._interrupt_running(task_id, exc_type)
+        return self._interrupt_running(key, exc_type)
 
-    def _interrupt_running(self, task_id: uuid.UUID, exc_type: type[TaskInterrupt]) -> bool:
+    def _interrupt_running(self, key: Key, exc_type: type[TaskInterrupt]) -> bool:
         raise NotImplementedError
 
-    def forget(self, task_id: uuid.UUID) -> bool:
+    def forget(self, key: Key) -> bool:
         """The lease was lost: skip the task if it has not started."""
-        return self.tracker.mark_skip(task_id, SKIPPED)
+        return self.tracker.mark_skip(key, SKIPPED)
+
+
+def _crashed(prep: Prepared, exc: BaseException) -> Finished:
+    # ox's own code failed around the task (not the task): report it, never go silent.
+    return unrunnable(prep.claimed, f"the worker failed while running the task: {exc!r}", retryable=True, cause=exc)
 
 
 class SyncExecutor(_Executor):
-    def __init__(self, threads: int, sender: type, outcomes: "queue.Queue[Any]") -> None:
+    def __init__(
+        self, threads: int, sender: type, outcomes: "queue.Queue[Any]", options: OxOptions, on_start: Callable[[], None]
+    ) -> None:
         self.inbox: queue.Queue[Prepared | None] = queue.Queue()
         self.outcomes = outcomes
         self.sender = sender
+        self.options = options
         self.interrupter = Interrupter()
-        self.tracker = _Tracker()
+        self.tracker = _Tracker(on_start)
         self.threads = [threading.Thread(target=self._loop, name=f"ox-task-{i}", daemon=True) for i in range(threads)]
         for thread in self.threads:
             thread.start()
@@ -103,27 +124,39 @@ class SyncExecutor(_Executor):
     def submit(self, prep: Prepared) -> None:
         self.inbox.put(prep)
 
+    def waiting(self) -> int:
+        return self.inbox.qsize()
+
     def _loop(self) -> None:
         while True:
             prep = self.inbox.get()
             if prep is None:
                 return
-            task_id = prep.claimed.id
-            kind = self.tracker.begin(task_id)
-            if kind is not None:
-                self.outcomes.put(skipped(prep, kind))
-                continue
             try:
-                finished = run_sync(prep, self.interrupter, self.sender)
-            finally:
-                self.tracker.end(task_id)
-            self.outcomes.put(finished)
+                self._run_one(prep)
+            except BaseException as exc:  # noqa: BLE001  (an interrupt that landed late: the thread lives on)
+                logger.error("task thread caught %r outside a task", exc)
 
-    def _interrupt_running(self, task_id: uuid.UUID, exc_type: type[TaskInterrupt]) -> bool:
-        return self.interrupter.interrupt(task_id, exc_type)
+    def _run_one(self, prep: Prepared) -> None:
+        key = prep.key
+        kind = self.tracker.begin(key)
+        if kind is not None:
+            self.outcomes.put(skipped(prep, kind))
+            return
+        finished: Finished | None = None
+        try:
+            finished = run_sync(prep, self.interrupter, self.sender, self.options)
+        except BaseException as exc:  # noqa: BLE001
+            finished = _crashed(prep, exc)
+        finally:
+            self.tracker.end(key)
+            self.outcomes.put(finished if finished is not None else _crashed(prep, RuntimeError("no outcome")))
+
+    def _interrupt_running(self, key: Key, exc_type: type[TaskInterrupt]) -> bool:
+        return self.interrupter.interrupt(key, exc_type)
 
     def take_back(self) -> list[Prepared]:
-        """Everything still waiting in the inbox (shutdown hands these back)."""
+        """Everything still waiting in the inbox (shutdown, or prefetched behind long tasks)."""
         taken: list[Prepared] = []
         while True:
             try:
@@ -139,46 +172,75 @@ class SyncExecutor(_Executor):
 
 
 class AsyncExecutor(_Executor):
-    def __init__(self, concurrency: int, sender: type, outcomes: "queue.Queue[Any]") -> None:
+    def __init__(
+        self,
+        concurrency: int,
+        sender: type,
+        outcomes: "queue.Queue[Any]",
+        options: OxOptions,
+        on_start: Callable[[], None],
+    ) -> None:
         self.loop = asyncio.new_event_loop()
         self.runner = AsyncRunner(self.loop)
         self.sender = sender
         self.outcomes = outcomes
-        self.tracker = _Tracker()
-        self.waiting: dict[uuid.UUID, Prepared] = {}  # handed over, not started
+        self.options = options
+        self.tracker = _Tracker(on_start)
+        self.waiting_preps: dict[Key, Prepared] = {}  # handed over, not started
         self.slots: asyncio.Semaphore | None = None
         self.concurrency = concurrency
-        threading.Thread(target=self.loop.run_forever, name="ox-async", daemon=True).start()
+        self.stopped = False
+        threading.Thread(target=self._run_loop, name="ox-async", daemon=True).start()
+
+    def _run_loop(self) -> None:
+        # A SystemExit or KeyboardInterrupt raised inside a task's own sub-task escapes
+        # asyncio's Task machinery into run_forever; the loop is started again, so later
+        # async tasks still run (the task that raised it has already seen its exception).
+        while not self.stopped:
+            try:
+                self.loop.run_forever()
+            except BaseException as exc:  # noqa: BLE001
+                logger.error("the event loop stopped on %r; restarting it", exc)
 
     async def _run(self, prep: Prepared) -> None:
         if self.slots is None:
             self.slots = asyncio.Semaphore(self.concurrency)
-        task_id = prep.claimed.id
+        key = prep.key
         async with self.slots:
-            self.waiting.pop(task_id, None)
-            kind = self.tracker.begin(task_id)
+            self.waiting_preps.pop(key, None)
+            kind = self.tracker.begin(key)
             if kind is not None:
                 self.outcomes.put(skipped(prep, kind))
                 return
+            finished: Finished | None = None
             try:
-                finished = await self.runner.run(prep, self.sender)
+                finished = await self.runner.run(prep, self.sender, self.options)
+            except BaseException as exc:  # noqa: BLE001
+                finished = _crashed(prep, exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
             finally:
-                self.tracker.end(task_id)
-            self.outcomes.put(finished)
+                self.tracker.end(key)
+                self.outcomes.put(finished if finished is not None else _crashed(prep, RuntimeError("no outcome")))
 
     def submit(self, prep: Prepared) -> None:
-        self.waiting[prep.claimed.id] = prep
+        self.waiting_preps[prep.key] = prep
         asyncio.run_coroutine_threadsafe(self._run(prep), self.loop)
 
-    def _interrupt_running(self, task_id: uuid.UUID, exc_type: type[TaskInterrupt]) -> bool:
-        return self.runner.interrupt(task_id, exc_type)
+    def waiting(self) -> int:
+        return len(self.waiting_preps)
+
+    def _interrupt_running(self, key: Key, exc_type: type[TaskInterrupt]) -> bool:
+        return self.runner.interrupt(key, exc_type)
 
     def take_back(self) -> list[Prepared]:
         taken = []
-        for task_id, prep in list(self.waiting.items()):
-            if self.tracker.mark_skip(task_id, SKIPPED):
+        for key, prep in list(self.waiting_preps.items()):
+            if self.tracker.mark_skip(key, SKIPPED):
+                self.waiting_preps.pop(key, None)
                 taken.append(prep)
         return taken
 
     def stop(self) -> None:
+        self.stopped = True
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -7,7 +7,7 @@ a thread that outlives its interrupt by the grace period as stuck.
 
 import ctypes
 import threading
-import uuid
+from typing import Any
 
 from ox.exceptions import TaskInterrupt
 
@@ -20,36 +20,37 @@ def _raise_in(thread_id: int, exc_type: type[BaseException] | None) -> None:
 
 
 class Interrupter:
-    """Which thread runs which task, so an interrupt never lands in the wrong task."""
+    """Which thread runs which claim (task id, fence), so an interrupt never lands in the
+    wrong task, nor in a newer run of the same task."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._threads: dict[uuid.UUID, int] = {}
-        self._sent: set[uuid.UUID] = set()  # interrupted: may have an exception pending
+        self._threads: dict[Any, int] = {}
+        self._sent: set[Any] = set()  # interrupted: may have an exception pending
 
-    def enter(self, task_id: uuid.UUID) -> None:
+    def enter(self, key: Any) -> None:
         with self._lock:
-            self._threads[task_id] = threading.get_ident()
+            self._threads[key] = threading.get_ident()
 
-    def leave(self, task_id: uuid.UUID) -> None:
+    def leave(self, key: Any) -> None:
         # An interrupt sent just as the task returned may still be pending (or may fire
         # inside this method): clear it under the lock, retrying if it fires first.
         for _ in range(100):
             try:
                 with self._lock:
-                    self._threads.pop(task_id, None)
-                    if task_id in self._sent:
-                        self._sent.discard(task_id)
+                    self._threads.pop(key, None)
+                    if key in self._sent:
+                        self._sent.discard(key)
                         _raise_in(threading.get_ident(), None)
                 return
             except TaskInterrupt:
                 continue
 
-    def interrupt(self, task_id: uuid.UUID, exc_type: type[TaskInterrupt]) -> bool:
+    def interrupt(self, key: Any, exc_type: type[TaskInterrupt]) -> bool:
         with self._lock:
-            thread_id = self._threads.get(task_id)
+            thread_id = self._threads.get(key)
             if thread_id is None:
                 return False
-            self._sent.add(task_id)
+            self._sent.add(key)
             _raise_in(thread_id, exc_type)
             return True

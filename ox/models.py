@@ -37,7 +37,12 @@ class Task(models.Model):
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.READY)
     args = models.JSONField(default=list)
     kwargs = models.JSONField(default=dict)
-    run_after = models.DateTimeField()
+    run_after = models.DateTimeField()  # when the task is next due (a retry moves it)
+    # The run_after the task was enqueued with (None: at once); Django's TaskResult.task shows it.
+    scheduled_for = models.DateTimeField(null=True, blank=True)
+    # Whether the task's function is async, known at enqueue: a claim asks for each kind only
+    # as many as that kind's free slots, so a worker never claims what it cannot start.
+    is_async = models.BooleanField(default=False, db_default=False)
     enqueued_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
@@ -61,6 +66,7 @@ class Task(models.Model):
         indexes = [
             models.Index(
                 "queue",
+                "is_async",
                 F("priority").desc(),
                 "run_after",
                 "id",
@@ -128,6 +134,9 @@ class Worker(models.Model):
     lock_key = models.IntegerField(default=0)
     started_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField()
+    # PostgreSQL: when a rescuer first found this worker's liveness lock free. A live worker
+    # that reconnects within the grace (its heartbeat clears this) keeps its tasks.
+    lock_lost_at = models.DateTimeField(null=True, blank=True)
     stopped_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

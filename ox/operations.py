@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import router, transaction
-from django.db.models import F, QuerySet
+from django.db.models import Case, F, QuerySet, Value, When
 from django.tasks import task_backends
 from django.utils import timezone
 
@@ -34,17 +34,29 @@ def _as_queryset(task_ids: Any) -> QuerySet[Task]:
 
 
 def cancel(task_ids: Any) -> Changed:
-    """READY tasks become CANCELLED at once; RUNNING ones get cancel_requested and their
-    worker interrupts them at its next heartbeat. Finished tasks are left alone."""
+    """READY tasks become CANCELLED at once; RUNNING ones get cancel_requested: their
+    worker interrupts them at its next heartbeat, and whatever the attempt does next
+    (fails, times out, is lost or handed back) the task ends CANCELLED, never retried. An
+    attempt that succeeds before the interrupt lands stays SUCCESSFUL. Finished tasks are
+    left alone."""
     qs = _as_queryset(task_ids)
     now = timezone.now()
     db = qs.db or router.db_for_write(Task)
     with transaction.atomic(using=db):
-        cancelled = qs.filter(status=Status.READY).update(
-            status=Status.CANCELLED, finished_at=now, lease_expires_at=None
+        # One statement for both, so a task a worker moves between READY and RUNNING at the
+        # same moment is changed by whichever rule its latest state calls for.
+        changed = (
+            qs.filter(status__in=[Status.READY, Status.RUNNING])
+            .exclude(status=Status.RUNNING, cancel_requested=True)
+            .update(
+                status=Case(When(status=Status.READY, then=Value(Status.CANCELLED)), default=F("status")),
+                finished_at=Case(When(status=Status.READY, then=Value(now)), default=F("finished_at")),
+                lease_expires_at=Case(When(status=Status.READY, then=Value(None)), default=F("lease_expires_at")),
+                cancel_requested=Case(When(status=Status.RUNNING, then=Value(True)), default=F("cancel_requested")),
+            )
         )
-        requested = qs.filter(status=Status.RUNNING, cancel_requested=False).update(cancel_requested=True)
-    return Changed(cancelled=cancelled, cancel_requested=requested)
+        cancelled = qs.filter(status=Status.CANCELLED, finished_at=now).count() if changed else 0
+    return Changed(cancelled=cancelled, cancel_requested=changed - cancelled)
 
 
 def _budget(task_path: str) -> int:

@@ -22,6 +22,7 @@ STATUS_FOR_DJANGO = {
     Status.CANCELLED: TaskResultStatus.FAILED,
 }
 CANCELLED_BEFORE_START = "The task was cancelled before it started."
+CANCELLED_BY_REQUEST = "The task was cancelled while it ran; it will not run again."
 
 
 def resolve_task(task_path: str) -> DjangoTask:
@@ -48,6 +49,13 @@ def with_row_settings(task: DjangoTask, priority: int, queue: str, run_after: An
     return copy
 
 
+def claimed_unstarted(row: TaskRow) -> bool:
+    """Claimed (RUNNING in the table, leased) but its body has not started: it may be
+    prefetched behind a slow task. The first write after the body starts sets
+    last_attempted_at; through Django's API the task is READY until then."""
+    return row.status == Status.RUNNING and row.last_attempted_at is None
+
+
 def attempts_to_load(row: TaskRow) -> bool:
     """Whether the row can have Attempt rows; the happy path writes none, so most reads of a
     finished task cost one query."""
@@ -61,20 +69,19 @@ def errors_and_workers(row: TaskRow, attempts: list[Attempt]) -> tuple[list[Task
         for a in attempts
     ]
     worker_ids = [a.worker_id for a in attempts]
-    if row.status in (Status.RUNNING, Status.SUCCESSFUL):
+    if row.status == Status.SUCCESSFUL or (row.status == Status.RUNNING and not claimed_unstarted(row)):
         worker_ids.append(row.worker_id)
     if row.status == Status.CANCELLED and not any(a.outcome == Outcome.CANCELLED for a in attempts):
-        errors.append(TaskError(exception_class_path=class_path(TaskCancelled), traceback=CANCELLED_BEFORE_START))
+        text = CANCELLED_BEFORE_START if not attempts else CANCELLED_BY_REQUEST
+        errors.append(TaskError(exception_class_path=class_path(TaskCancelled), traceback=text))
     return errors, worker_ids
 
 
 def ready_result(row: Any, task: DjangoTask, backend_alias: str) -> TaskResult:
     """The TaskResult of a task just enqueued (row: an ox.sql.NewTask). Built field by field:
     TaskResult's __init__ would walk the arguments through JSON again."""
-    if row.run_after != row.enqueued_at or (task.priority, task.queue_name) != (row.priority, row.queue):
-        task = with_row_settings(
-            task, row.priority, row.queue, row.run_after if row.run_after != row.enqueued_at else None
-        )
+    if row.scheduled_for is not None or (task.priority, task.queue_name) != (row.priority, row.queue):
+        task = with_row_settings(task, row.priority, row.queue, row.scheduled_for)
     result = object.__new__(TaskResult)
     put = object.__setattr__  # frozen dataclass: how its own __init__ sets fields
     put(result, "task", task)
@@ -98,17 +105,21 @@ def build_result(
 ) -> TaskResult:
     if task is None:
         task = resolve_task(row.task_path)
-    deferred = row.run_after if row.run_after != row.enqueued_at else None
-    task = with_row_settings(task, row.priority, row.queue, deferred)
+    task = with_row_settings(task, row.priority, row.queue, row.scheduled_for)
     errors, worker_ids = errors_and_workers(row, attempts)
+    status = STATUS_FOR_DJANGO[Status(row.status)]
+    last_attempted_at = row.last_attempted_at
+    if claimed_unstarted(row):
+        status = TaskResultStatus.READY
+        last_attempted_at = max((a.started_at for a in attempts if a.started_at), default=None)
     result = TaskResult(
         task=task,
         id=str(row.id),
-        status=STATUS_FOR_DJANGO[Status(row.status)],
+        status=status,
         enqueued_at=row.enqueued_at,
         started_at=row.started_at,
         finished_at=row.finished_at,
-        last_attempted_at=row.last_attempted_at,
+        last_attempted_at=last_attempted_at,
         args=row.args,
         kwargs=row.kwargs,
         backend=backend_alias,

@@ -24,8 +24,8 @@ LOCK_NAMESPACE = 0x6F78  # "ox"
 RESCUER_KEY = 0
 
 CLAIM_COLUMNS = (
-    "id, task_path, queue, priority, args, kwargs, run_after, enqueued_at, started_at,"
-    " last_attempted_at, attempts, max_attempts, fence"
+    "id, task_path, queue, priority, args, kwargs, scheduled_for, enqueued_at, started_at,"
+    " attempts, max_attempts, fence, is_async, run_after"
 )
 
 
@@ -37,13 +37,20 @@ class Claimed:
     priority: int
     args_json: str
     kwargs_json: str
-    run_after: datetime
+    scheduled_for: datetime | None  # the run_after it was enqueued with
     enqueued_at: datetime
-    started_at: datetime
-    last_attempted_at: datetime
+    started_at: datetime | None  # when its first attempt's body started
     attempts: int
     max_attempts: int
     fence: int
+    is_async: bool  # as recorded at enqueue
+    run_after: datetime  # when it became due (claim order)
+
+    @property
+    def key(self) -> tuple[uuid.UUID, int]:
+        """This claim: a worker can hold an old and a new run of one task after a rescue,
+        so everything in flight is keyed by (id, fence), never by the id alone."""
+        return (self.id, self.fence)
 
 
 @dataclass(slots=True)
@@ -59,6 +66,8 @@ class NewTask:
     run_after: datetime
     enqueued_at: datetime
     max_attempts: int
+    is_async: bool = False
+    scheduled_for: datetime | None = None
 
 
 @dataclass(slots=True)
@@ -66,6 +75,7 @@ class Completion:
     id: uuid.UUID
     fence: int
     return_json: str
+    started_at: datetime
     finished_at: datetime
 
 
@@ -99,6 +109,10 @@ def _read_id(value: object) -> uuid.UUID:
     return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
 
 
+def _read_opt_ts(value: object) -> datetime | None:
+    return None if value is None else _read_ts(value)
+
+
 def _read_ts(value: object) -> datetime:
     if isinstance(value, datetime):
         return value if timezone.is_aware(value) else value.replace(tzinfo=timezone.UTC)
@@ -127,35 +141,62 @@ def transaction(conn: BaseDatabaseWrapper) -> Iterator[object]:
         cursor.execute("COMMIT")
 
 
-def _claim_sql(
+@dataclass(slots=True)
+class ClaimSql:
+    """A claim as parts, so complete_and_claim can put its picks beside the completion."""
+
+    picks: list[str]  # CTEs choosing ids, one per kind asked for (PostgreSQL)
+    pick_params: list[object]
+    update: str  # the UPDATE ... RETURNING, reading the picks
+    update_params: list[object]
+
+
+def _claim_parts(
     conn: BaseDatabaseWrapper,
     worker_id: str,
     queues: Sequence[str],
-    limit: int,
+    limits: tuple[int, int],
     now: datetime,
     lease_expires_at: datetime,
-) -> tuple[str, list[object]]:
-    if is_postgres(conn):
-        sql = (
-            "UPDATE ox_task SET status = 'RUNNING', attempts = attempts + 1, worker_id = %s,"
-            " lease_expires_at = %s, fence = fence + 1, started_at = COALESCE(started_at, %s),"
-            " last_attempted_at = %s, cancel_requested = false"
-            " WHERE id IN (SELECT id FROM ox_task WHERE status = 'READY' AND queue = ANY(%s)"
+) -> ClaimSql:
+    """limits: how many sync and how many async tasks to claim. Each kind is picked by its
+    own ordered scan of the READY index (queue, is_async, priority, run_after, id), so a
+    worker never claims tasks of a kind it has no free slot for. started_at and
+    last_attempted_at are left to the first write after the body starts: a claimed task
+    that has not started reads as READY (ox.results)."""
+    pg = is_postgres(conn)
+    flags = ("false", "true") if pg else ("0", "1")
+    kinds = [(flag, limit) for flag, limit in zip(flags, limits, strict=True) if limit > 0]
+    if pg:
+        picks = [
+            f"pick_{flag} AS (SELECT id FROM ox_task WHERE status = 'READY' AND queue = ANY(%s) AND is_async = {flag}"
             " AND run_after <= %s ORDER BY priority DESC, run_after, id LIMIT %s FOR UPDATE SKIP LOCKED)"
-            f" RETURNING {CLAIM_COLUMNS}"
+            for flag, _limit in kinds
+        ]
+        pick_params: list[object] = [p for _flag, limit in kinds for p in (list(queues), now, limit)]
+        ids = " UNION ALL ".join(f"SELECT id FROM pick_{flag}" for flag, _limit in kinds)
+        update = (
+            "UPDATE ox_task SET status = 'RUNNING', attempts = attempts + 1, worker_id = %s,"
+            " lease_expires_at = %s, fence = fence + 1, last_attempted_at = NULL"
+            f" WHERE id IN ({ids}) RETURNING {CLAIM_COLUMNS}"
         )
-        return sql, [worker_id, lease_expires_at, now, now, list(queues), now, limit]
+        return ClaimSql(picks, pick_params, update, [worker_id, lease_expires_at])
     marks = ", ".join(["%s"] * len(queues))
-    sql = (
-        "UPDATE ox_task SET status = 'RUNNING', attempts = attempts + 1, worker_id = %s,"
-        " lease_expires_at = %s, fence = fence + 1, started_at = COALESCE(started_at, %s),"
-        " last_attempted_at = %s, cancel_requested = 0"
-        f" WHERE id IN (SELECT id FROM ox_task WHERE status = 'READY' AND queue IN ({marks})"
-        " AND run_after <= %s ORDER BY priority DESC, run_after, id LIMIT %s)"
-        f" RETURNING {CLAIM_COLUMNS}"
-    )
     ts = _ts(conn, now)
-    return sql, [worker_id, _ts(conn, lease_expires_at), ts, ts, *queues, ts, limit]
+    ids = " UNION ALL ".join(
+        f"SELECT id FROM (SELECT id FROM ox_task WHERE status = 'READY' AND queue IN ({marks}) AND is_async = {flag}"
+        " AND run_after <= %s ORDER BY priority DESC, run_after, id LIMIT %s)"
+        for flag, _limit in kinds
+    )
+    update = (
+        "UPDATE ox_task SET status = 'RUNNING', attempts = attempts + 1, worker_id = %s,"
+        " lease_expires_at = %s, fence = fence + 1, last_attempted_at = NULL"
+        f" WHERE id IN ({ids}) RETURNING {CLAIM_COLUMNS}"
+    )
+    params: list[object] = [worker_id, _ts(conn, lease_expires_at)]
+    for _flag, limit in kinds:
+        params += [*queues, ts, limit]
+    return ClaimSql([], [], update, params)
 
 
 def _read_claimed(rows: Iterable[Sequence[Any]]) -> list[Claimed]:
@@ -167,13 +208,14 @@ def _read_claimed(rows: Iterable[Sequence[Any]]) -> list[Claimed]:
             priority=r[3],
             args_json=_read_json_text(r[4]),
             kwargs_json=_read_json_text(r[5]),
-            run_after=_read_ts(r[6]),
+            scheduled_for=_read_opt_ts(r[6]),
             enqueued_at=_read_ts(r[7]),
-            started_at=_read_ts(r[8]),
-            last_attempted_at=_read_ts(r[9]),
-            attempts=r[10],
-            max_attempts=r[11],
-            fence=r[12],
+            started_at=_read_opt_ts(r[8]),
+            attempts=r[9],
+            max_attempts=r[10],
+            fence=r[11],
+            is_async=bool(r[12]),
+            run_after=_read_ts(r[13]),
         )
         for r in rows
     ]
@@ -186,16 +228,19 @@ def claim(
     conn: BaseDatabaseWrapper,
     worker_id: str,
     queues: Sequence[str],
-    limit: int,
+    limits: int | tuple[int, int],
     now: datetime,
     lease_expires_at: datetime,
 ) -> list[Claimed]:
-    """Claim up to `limit` due READY tasks in priority order, in one statement."""
-    if limit <= 0:
+    """Claim due READY tasks in priority order, in one statement: `limits` sync and async
+    tasks (an int: that many of each kind)."""
+    limits = (limits, limits) if isinstance(limits, int) else limits
+    if max(limits) <= 0:
         return []
-    sql, params = _claim_sql(conn, worker_id, queues, limit, now, lease_expires_at)
+    parts = _claim_parts(conn, worker_id, queues, limits, now, lease_expires_at)
+    sql = f"WITH {', '.join(parts.picks)} {parts.update}" if parts.picks else parts.update
     with conn.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, [*parts.pick_params, *parts.update_params])
         return _read_claimed(cursor.fetchall())
 
 
@@ -204,31 +249,32 @@ def complete_and_claim(
     done: Sequence["Completion"],
     worker_id: str,
     queues: Sequence[str],
-    limit: int,
+    limits: tuple[int, int],
     now: datetime,
     lease_expires_at: datetime,
-) -> tuple[set[uuid.UUID], list[Claimed]]:
+) -> tuple[set[tuple[uuid.UUID, int]], list[Claimed]]:
     """Write finished tasks and claim the next ones in one round trip and one commit (on
     PostgreSQL one statement; on SQLite, whose statements cost no round trip, one
-    transaction). Returns the ids written (the rest were fenced out) and the claimed."""
+    transaction). Returns the claims written (the rest were fenced out) and the claimed."""
     if not done:
-        return set(), claim(conn, worker_id, queues, limit, now, lease_expires_at)
-    if limit <= 0:
+        return set(), claim(conn, worker_id, queues, limits, now, lease_expires_at)
+    if max(limits) <= 0:
         return complete(conn, done), []
     if not is_postgres(conn):
         with transaction(conn):
-            return complete(conn, done), claim(conn, worker_id, queues, limit, now, lease_expires_at)
+            return complete(conn, done), claim(conn, worker_id, queues, limits, now, lease_expires_at)
     complete_sql, complete_params = _complete_sql(conn, done)
-    claim_sql, claim_params = _claim_sql(conn, worker_id, queues, limit, now, lease_expires_at)
-    nulls = ", ".join(["NULL"] * 12)
+    parts = _claim_parts(conn, worker_id, queues, limits, now, lease_expires_at)
+    # The completion's rows share the claim's columns: id first, fence at its place.
+    nulls = ", ".join(["NULL"] * 10)
     sql = (
-        f"WITH done AS ({complete_sql}), claimed AS ({claim_sql})"
-        f" SELECT true, {CLAIM_COLUMNS} FROM claimed UNION ALL SELECT false, id, {nulls} FROM done"
+        f"WITH done AS ({complete_sql}), {', '.join(parts.picks)}, claimed AS ({parts.update})"
+        f" SELECT true, {CLAIM_COLUMNS} FROM claimed UNION ALL SELECT false, id, {nulls}, fence, NULL, NULL FROM done"
     )
     with conn.cursor() as cursor:
-        cursor.execute(sql, [*complete_params, *claim_params])
+        cursor.execute(sql, [*complete_params, *parts.pick_params, *parts.update_params])
         rows = cursor.fetchall()
-    written = {_read_id(r[1]) for r in rows if not r[0]}
+    written = {(_read_id(r[1]), int(r[12])) for r in rows if not r[0]}
     return written, _read_claimed(r[1:] for r in rows if r[0])
 
 
@@ -250,7 +296,7 @@ def earliest_ready(conn: BaseDatabaseWrapper, queues: Sequence[str]) -> datetime
 # Constants stay in the text; the READY row's other columns take their model defaults.
 _INSERT_COLUMNS = (
     "id, task_path, queue, priority, status, args, kwargs, run_after, enqueued_at,"
-    " attempts, max_attempts, worker_id, fence, cancel_requested"
+    " attempts, max_attempts, worker_id, fence, cancel_requested, is_async, scheduled_for"
 )
 
 
@@ -265,7 +311,7 @@ def insert_tasks(conn: BaseDatabaseWrapper, rows: Sequence[NewTask]) -> None:
         r = rows[0]
         sql = (
             f"INSERT INTO ox_task ({_INSERT_COLUMNS})"
-            f" VALUES (%s, %s, %s, %s, 'READY', %s, %s, %s, %s, 0, %s, '', 0, {false})"
+            f" VALUES (%s, %s, %s, %s, 'READY', %s, %s, %s, %s, 0, %s, '', 0, {false}, %s, %s)"
         )
         params = [
             _id(conn, r.id),
@@ -277,20 +323,23 @@ def insert_tasks(conn: BaseDatabaseWrapper, rows: Sequence[NewTask]) -> None:
             _ts(conn, r.run_after),
             _ts(conn, r.enqueued_at),
             r.max_attempts,
+            r.is_async,
+            _ts(conn, r.scheduled_for),
         ]
     elif pg:
         _copy_tasks(conn, rows)
         return
     else:
-        x = [f"json_extract(value, '$[{i}]')" for i in range(9)]
+        x = [f"json_extract(value, '$[{i}]')" for i in range(11)]
         sql = (
             f"INSERT INTO ox_task ({_INSERT_COLUMNS})"
-            f" SELECT {x[0]}, {x[1]}, {x[2]}, {x[3]}, 'READY', {x[4]}, {x[5]}, {x[6]}, {x[7]}, 0, {x[8]}, '', 0, 0"
-            " FROM json_each(%s)"
+            f" SELECT {x[0]}, {x[1]}, {x[2]}, {x[3]}, 'READY', {x[4]}, {x[5]}, {x[6]}, {x[7]}, 0, {x[8]}, '', 0, 0,"
+            f" {x[9]}, {x[10]} FROM json_each(%s)"
         )
         payload = [
             [r.id.hex, r.task_path, r.queue, r.priority, r.args, r.kwargs]
-            + [_ts(conn, r.run_after), _ts(conn, r.enqueued_at), r.max_attempts]
+            + [_ts(conn, r.run_after), _ts(conn, r.enqueued_at), r.max_attempts, int(r.is_async)]
+            + [_ts(conn, r.scheduled_for)]
             for r in rows
         ]
         params = [json.dumps(payload)]
@@ -317,7 +366,8 @@ def _copy_tasks(conn: BaseDatabaseWrapper, rows: Sequence[NewTask]) -> None:
             f"{r.id}\t{_copy_field(r.task_path)}\t{_copy_field(r.queue)}\t{r.priority}\tREADY"
             f"\t{_copy_field(json.dumps(r.args)) if r.args else '[]'}"
             f"\t{_copy_field(json.dumps(r.kwargs)) if r.kwargs else '{}'}"
-            f"\t{run_after}\t{enqueued_at}\t0\t{r.max_attempts}\t\t0\tf\n"
+            f"\t{run_after}\t{enqueued_at}\t0\t{r.max_attempts}\t\t0\tf\t{'t' if r.is_async else 'f'}"
+            f"\t{r.scheduled_for.isoformat() if r.scheduled_for else '\\N'}\n"
         )
     with conn.cursor() as cursor:
         with cursor.cursor.copy(f"COPY ox_task ({_INSERT_COLUMNS}) FROM STDIN") as copy:
@@ -326,42 +376,49 @@ def _copy_tasks(conn: BaseDatabaseWrapper, rows: Sequence[NewTask]) -> None:
 
 def _complete_sql(conn: BaseDatabaseWrapper, done: Sequence[Completion]) -> tuple[str, list[object]]:
     if is_postgres(conn):
-        # One JSON document rather than four arrays: building it is a string join, where
-        # adapting arrays element by element costs the worker more CPU than the task.
+        # One JSON document rather than arrays: building it is a string join, where adapting
+        # arrays element by element costs the worker more CPU than the task.
         sql = (
             "UPDATE ox_task AS t SET status = 'SUCCESSFUL', return_value = v.rv,"
-            " finished_at = v.at, lease_expires_at = NULL"
-            " FROM jsonb_to_recordset(%s::jsonb) AS v(id uuid, fence bigint, rv jsonb, at timestamptz)"
-            " WHERE t.id = v.id AND t.fence = v.fence AND t.status = 'RUNNING' RETURNING t.id"
+            " finished_at = v.at, lease_expires_at = NULL,"
+            " started_at = COALESCE(t.started_at, v.st), last_attempted_at = v.st"
+            " FROM jsonb_to_recordset(%s::jsonb) AS v(id uuid, fence bigint, rv jsonb, st timestamptz, at timestamptz)"
+            " WHERE t.id = v.id AND t.fence = v.fence AND t.status = 'RUNNING' RETURNING t.id, t.fence"
         )
         rows = ",".join(
-            f'{{"id":"{d.id}","fence":{d.fence},"rv":{d.return_json},"at":"{d.finished_at.isoformat()}"}}' for d in done
+            f'{{"id":"{d.id}","fence":{d.fence},"rv":{d.return_json},'
+            f'"st":"{d.started_at.isoformat()}","at":"{d.finished_at.isoformat()}"}}'
+            for d in done
         )
         return sql, [f"[{rows}]"]
     sql = (
         "UPDATE ox_task SET status = 'SUCCESSFUL', return_value = json_extract(v.value, '$[2]'),"
-        " finished_at = json_extract(v.value, '$[3]'), lease_expires_at = NULL"
+        " finished_at = json_extract(v.value, '$[4]'), lease_expires_at = NULL,"
+        " started_at = COALESCE(ox_task.started_at, json_extract(v.value, '$[3]')),"
+        " last_attempted_at = json_extract(v.value, '$[3]')"
         " FROM json_each(%s) AS v"
         " WHERE ox_task.id = json_extract(v.value, '$[0]') AND ox_task.fence = json_extract(v.value, '$[1]')"
-        " AND ox_task.status = 'RUNNING' RETURNING ox_task.id"
+        " AND ox_task.status = 'RUNNING' RETURNING ox_task.id, ox_task.fence"
     )
-    payload = [[d.id.hex, d.fence, d.return_json, _ts(conn, d.finished_at)] for d in done]
+    payload = [[d.id.hex, d.fence, d.return_json, _ts(conn, d.started_at), _ts(conn, d.finished_at)] for d in done]
     return sql, [json.dumps(payload)]
 
 
-def complete(conn: BaseDatabaseWrapper, done: Sequence[Completion]) -> set[uuid.UUID]:
-    """Mark tasks SUCCESSFUL in one statement; returns the ids written (the rest were fenced out)."""
+def complete(conn: BaseDatabaseWrapper, done: Sequence[Completion]) -> set[tuple[uuid.UUID, int]]:
+    """Mark tasks SUCCESSFUL in one statement; returns the claims written (the rest were
+    fenced out)."""
     if not done:
         return set()
     sql, params = _complete_sql(conn, done)
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
-        return {_read_id(r[0]) for r in cursor.fetchall()}
+        return {(_read_id(r[0]), int(r[1])) for r in cursor.fetchall()}
 
 
-def fail(conn: BaseDatabaseWrapper, failure: Failure) -> bool:
+def fail(conn: BaseDatabaseWrapper, failure: Failure) -> str | None:
     """Record a failed attempt and send the task back to READY (retry_at) or to its final
-    status. Returns False when fenced out: nothing is written."""
+    status; a cancel requested while it ran ends it CANCELLED instead of a retry. Returns
+    the status written, or None when fenced out (nothing is written)."""
     if failure.retry_at is not None:
         status = "READY"
     elif failure.outcome == "cancelled":
@@ -370,14 +427,27 @@ def fail(conn: BaseDatabaseWrapper, failure: Failure) -> bool:
         status = "FAILED"
     finished_at = None if status == "READY" else failure.finished_at
     run_after = failure.retry_at or failure.finished_at
+    ts_done = _ts(conn, failure.finished_at)
     with transaction(conn) as cursor:
         cursor.execute(
-            "UPDATE ox_task SET status = %s, run_after = %s, finished_at = %s, lease_expires_at = NULL"
-            " WHERE id = %s AND fence = %s AND status = 'RUNNING'",
-            [status, _ts(conn, run_after), _ts(conn, finished_at), _id(conn, failure.id), failure.fence],
+            "UPDATE ox_task SET status = CASE WHEN cancel_requested THEN 'CANCELLED' ELSE %s END,"
+            " run_after = %s, finished_at = CASE WHEN cancel_requested THEN %s ELSE %s END,"
+            " lease_expires_at = NULL, started_at = COALESCE(started_at, %s), last_attempted_at = %s"
+            " WHERE id = %s AND fence = %s AND status = 'RUNNING' RETURNING status",
+            [
+                status,
+                _ts(conn, run_after),
+                ts_done,
+                _ts(conn, finished_at),
+                _ts(conn, failure.started_at),
+                _ts(conn, failure.started_at),
+                _id(conn, failure.id),
+                failure.fence,
+            ],
         )
-        if cursor.rowcount != 1:
-            return False
+        row = cursor.fetchone()
+        if row is None:
+            return None
         cursor.execute(
             "INSERT INTO ox_attempt (task_id, number, worker_id, started_at, finished_at, outcome,"
             " exception_class_path, traceback) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
@@ -386,59 +456,90 @@ def fail(conn: BaseDatabaseWrapper, failure: Failure) -> bool:
                 failure.attempt,
                 failure.worker_id,
                 _ts(conn, failure.started_at),
-                _ts(conn, failure.finished_at),
+                ts_done,
                 failure.outcome,
                 failure.exception_class_path,
                 failure.traceback,
             ],
         )
-    return True
+    return str(row[0])
 
 
-def _pairs_param(conn: BaseDatabaseWrapper, held: Iterable[tuple[uuid.UUID, int]]) -> tuple[str, list[object]]:
-    held = list(held)
+def _keys_param(
+    conn: BaseDatabaseWrapper, held: Sequence[tuple[uuid.UUID, int, datetime | None]]
+) -> tuple[str, list[object]]:
+    """(id, fence, started_at) rows as one JSON document the statement reads as a table."""
     if is_postgres(conn):
-        return (
-            "(SELECT * FROM unnest(%s::uuid[], %s::bigint[]) AS h(id, fence))",
-            [[h[0] for h in held], [h[1] for h in held]],
+        rows = ",".join(
+            f'{{"id":"{i}","fence":{f},"st":{json.dumps(st.isoformat()) if st else "null"}}}' for i, f, st in held
         )
+        return ("jsonb_to_recordset(%s::jsonb) AS v(id uuid, fence bigint, st timestamptz)", [f"[{rows}]"])
+    payload = [[i.hex, f, _ts(conn, st) if st else None] for i, f, st in held]
     return (
-        "(SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS fence FROM json_each(%s))",
-        [json.dumps([[h[0].hex, h[1]] for h in held])],
+        "(SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS fence,"
+        " json_extract(value, '$[2]') AS st FROM json_each(%s)) AS v",
+        [json.dumps(payload)],
     )
 
 
 def renew(
-    conn: BaseDatabaseWrapper, held: Sequence[tuple[uuid.UUID, int]], lease_expires_at: datetime
-) -> dict[uuid.UUID, bool]:
-    """Extend the leases this worker still holds, in one statement. Returns {id:
-    cancel_requested} for each lease kept; an id missing from it was fenced out."""
+    conn: BaseDatabaseWrapper,
+    held: Sequence[tuple[uuid.UUID, int, datetime | None]],
+    lease_expires_at: datetime,
+) -> dict[tuple[uuid.UUID, int], bool]:
+    """Extend the leases this worker still holds, in one statement, and record when bodies
+    started since the last write (started_at None: not started, or already recorded).
+    Returns {(id, fence): cancel_requested} for each lease kept; a claim missing from it
+    was fenced out."""
     if not held:
         return {}
-    source, params = _pairs_param(conn, held)
+    source, params = _keys_param(conn, held)
+    t = "t" if is_postgres(conn) else "ox_task"
     sql = (
-        "UPDATE ox_task SET lease_expires_at = %s"
-        f" WHERE status = 'RUNNING' AND (id, fence) IN (SELECT id, fence FROM {source} AS h)"
-        " RETURNING id, cancel_requested"
+        f"UPDATE ox_task{' AS t' if t == 't' else ''} SET lease_expires_at = %s,"
+        f" started_at = COALESCE({t}.started_at, v.st), last_attempted_at = COALESCE(v.st, {t}.last_attempted_at)"
+        f" FROM {source} WHERE {t}.id = v.id AND {t}.fence = v.fence AND {t}.status = 'RUNNING'"
+        f" RETURNING {t}.id, {t}.fence, {t}.cancel_requested"
     )
     with conn.cursor() as cursor:
         cursor.execute(sql, [_ts(conn, lease_expires_at), *params])
-        return {_read_id(r[0]): bool(r[1]) for r in cursor.fetchall()}
+        return {(_read_id(r[0]), int(r[1])): bool(r[2]) for r in cursor.fetchall()}
 
 
-def hand_back(conn: BaseDatabaseWrapper, held: Sequence[tuple[uuid.UUID, int]]) -> int:
-    """Return claimed-but-unstarted tasks to READY without spending an attempt."""
+def hand_back(conn: BaseDatabaseWrapper, held: Sequence[tuple[uuid.UUID, int]], now: datetime) -> int:
+    """Return claimed-but-unstarted tasks to READY without spending an attempt (CANCELLED if
+    a cancel was requested meanwhile)."""
     if not held:
         return 0
-    source, params = _pairs_param(conn, held)
+    source, params = _keys_param(conn, [(i, f, None) for i, f in held])
+    t = "t" if is_postgres(conn) else "ox_task"
     sql = (
-        "UPDATE ox_task SET status = 'READY', attempts = attempts - 1, fence = fence + 1,"
-        " lease_expires_at = NULL, worker_id = ''"
-        f" WHERE status = 'RUNNING' AND (id, fence) IN (SELECT id, fence FROM {source} AS h)"
+        f"UPDATE ox_task{' AS t' if t == 't' else ''} SET"
+        f" status = CASE WHEN {t}.cancel_requested THEN 'CANCELLED' ELSE 'READY' END,"
+        f" finished_at = CASE WHEN {t}.cancel_requested THEN %s END,"
+        f" attempts = {t}.attempts - 1, fence = {t}.fence + 1, lease_expires_at = NULL, worker_id = ''"
+        f" FROM {source} WHERE {t}.id = v.id AND {t}.fence = v.fence AND {t}.status = 'RUNNING'"
     )
     with conn.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, [_ts(conn, now), *params])
         return cursor.rowcount
+
+
+def attempt_history(conn: BaseDatabaseWrapper, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[tuple[str, str, str]]]:
+    """Earlier attempts of claimed tasks: id -> [(exception class path, traceback, worker id)]."""
+    if not ids:
+        return {}
+    marks = ", ".join(["%s"] * len(ids))
+    out: dict[uuid.UUID, list[tuple[str, str, str]]] = {}
+    with conn.cursor() as cursor:
+        cursor.execute(
+            "SELECT task_id, exception_class_path, traceback, worker_id FROM ox_attempt"
+            f" WHERE task_id IN ({marks}) ORDER BY task_id, number, id",
+            [_id(conn, i) for i in ids],
+        )
+        for task_id, path, text, worker in cursor.fetchall():
+            out.setdefault(_read_id(task_id), []).append((path, text, worker))
+    return out
 
 
 LOST_TRACEBACK = (
@@ -446,27 +547,37 @@ LOST_TRACEBACK = (
 )
 
 
-def rescue(conn: BaseDatabaseWrapper, now: datetime, max_lost: int = 5) -> list[tuple[uuid.UUID, str, str]]:
+def rescue(
+    conn: BaseDatabaseWrapper, now: datetime, max_lost: int = 5, liveness_grace: float = 1.0
+) -> list[tuple[uuid.UUID, str, str]]:
     """Take back RUNNING tasks whose lease expired or whose worker died, recording a `lost`
     attempt. A lost attempt does not spend the task's budget (max_attempts grows with it):
     the worker may have died before the task even started (it may have been prefetched).
-    Only a task lost `max_lost` times (it may be what kills its workers) becomes FAILED.
-    run_after is kept, so the task goes back to its place in the queue, not to the end. One
-    rescuer at a time. Returns (task id, worker id, new status) per rescued task."""
+    Only a task lost `max_lost` times (it may be what kills its workers) becomes FAILED; one
+    whose cancel was requested becomes CANCELLED. run_after is kept, so the task goes back
+    to its place in the queue, not to the end. One rescuer at a time. Returns (task id,
+    worker id, new status) per rescued task."""
     lost_path = class_path(WorkerLost)
     if is_postgres(conn):
-        # A live worker holds a session advisory lock on (LOCK_NAMESPACE, lock_key): if the
-        # lock is gone, its process (or connection) is gone, whatever its lease says.
+        # A live worker holds a session advisory lock on (LOCK_NAMESPACE, lock_key). When the
+        # lock is free its connection is gone: the first look marks the worker, and a worker
+        # still without its lock `liveness_grace` seconds later is dead, whatever its leases
+        # say. A live worker that reconnects meanwhile takes its lock again and keeps its tasks.
         sql = f"""
             WITH holders AS (
                 SELECT DISTINCT worker_id FROM ox_task WHERE status = 'RUNNING'
-            ), dead AS (
-                SELECT w.id FROM ox_worker w JOIN holders h ON h.worker_id = w.id
+            ), lockless AS (
+                SELECT w.id, w.lock_lost_at FROM ox_worker w JOIN holders h ON h.worker_id = w.id
                 WHERE w.lock_key > 0 AND NOT EXISTS (
                     SELECT 1 FROM pg_locks l
                     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
                       AND l.classid = {LOCK_NAMESPACE} AND l.objid = w.lock_key::oid
                       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+            ), marked AS (
+                UPDATE ox_worker w SET lock_lost_at = %(now)s FROM lockless l
+                WHERE w.id = l.id AND l.lock_lost_at IS NULL RETURNING w.id
+            ), dead AS (
+                SELECT id FROM lockless WHERE lock_lost_at <= %(now)s - make_interval(secs => %(grace)s)
             ), lost AS (
                 SELECT t.id FROM ox_task t
                 WHERE t.status = 'RUNNING'
@@ -478,8 +589,9 @@ def rescue(conn: BaseDatabaseWrapper, now: datetime, max_lost: int = 5) -> list[
                 FROM lost
             ), moved AS (
                 UPDATE ox_task t SET
-                    status = CASE WHEN c.give_up THEN 'FAILED' ELSE 'READY' END,
-                    finished_at = CASE WHEN c.give_up THEN %(now)s END,
+                    status = CASE WHEN t.cancel_requested THEN 'CANCELLED'
+                                  WHEN c.give_up THEN 'FAILED' ELSE 'READY' END,
+                    finished_at = CASE WHEN c.give_up OR t.cancel_requested THEN %(now)s END,
                     max_attempts = t.max_attempts + 1, lease_expires_at = NULL, fence = t.fence + 1
                 FROM counted c WHERE t.id = c.id
                 RETURNING t.id, t.attempts, t.worker_id, t.last_attempted_at, t.status
@@ -492,11 +604,12 @@ def rescue(conn: BaseDatabaseWrapper, now: datetime, max_lost: int = 5) -> list[
             )
             SELECT id, worker_id, status FROM moved
         """
+        params = {"now": now, "path": lost_path, "tb": LOST_TRACEBACK, "max_lost": max_lost, "grace": liveness_grace}
         with transaction(conn) as cursor:
             cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [LOCK_NAMESPACE, RESCUER_KEY])
             if not cursor.fetchone()[0]:
                 return []
-            cursor.execute(sql, {"now": now, "path": lost_path, "tb": LOST_TRACEBACK, "max_lost": max_lost})
+            cursor.execute(sql, params)
             return [(_read_id(r[0]), r[1], r[2]) for r in cursor.fetchall()]
     # SQLite has one writer at a time: the IMMEDIATE transaction is the rescuer's lock, and
     # both statements see the same expired set.
@@ -512,8 +625,9 @@ def rescue(conn: BaseDatabaseWrapper, now: datetime, max_lost: int = 5) -> list[
         lost_count = "(SELECT count(*) FROM ox_attempt a WHERE a.task_id = ox_task.id AND a.outcome = 'lost')"
         cursor.execute(
             "UPDATE ox_task SET"
-            f" status = CASE WHEN {lost_count} >= %s THEN 'FAILED' ELSE 'READY' END,"
-            f" finished_at = CASE WHEN {lost_count} >= %s THEN %s END,"
+            f" status = CASE WHEN cancel_requested THEN 'CANCELLED' WHEN {lost_count} >= %s THEN 'FAILED'"
+            " ELSE 'READY' END,"
+            f" finished_at = CASE WHEN cancel_requested OR {lost_count} >= %s THEN %s END,"
             " max_attempts = max_attempts + 1, lease_expires_at = NULL, fence = fence + 1"
             " WHERE status = 'RUNNING' AND lease_expires_at < %s RETURNING id, worker_id, status",
             [max_lost, max_lost, ts, ts],
@@ -530,8 +644,37 @@ def hold_worker_lock(conn: BaseDatabaseWrapper, lock_key: int) -> None:
 
 def heartbeat(conn: BaseDatabaseWrapper, worker_id: str, now: datetime) -> None:
     with conn.cursor() as cursor:
-        # stopped_at cleared: a rescuer may have taken this worker for dead while its
-        # connection was down; it is back.
+        # stopped_at and lock_lost_at cleared: a rescuer may have seen this worker's lock
+        # free while its connection was down; it is back.
         cursor.execute(
-            "UPDATE ox_worker SET heartbeat_at = %s, stopped_at = NULL WHERE id = %s", [_ts(conn, now), worker_id]
+            "UPDATE ox_worker SET heartbeat_at = %s, stopped_at = NULL, lock_lost_at = NULL WHERE id = %s",
+            [_ts(conn, now), worker_id],
         )
+
+
+@dataclass(slots=True)
+class WorkerRow:
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    lock_key: int
+    now: datetime
+
+
+def register_worker(conn: BaseDatabaseWrapper, row: WorkerRow) -> None:
+    """The worker's ox_worker row, written on its own connection (so the main thread's
+    Django connection need not stay open for the worker's life)."""
+    ts = _ts(conn, row.now)
+    with conn.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO ox_worker (id, host, pid, queues, concurrency, lock_key, started_at, heartbeat_at)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            [row.id, row.host, row.pid, json.dumps(row.queues), row.concurrency, row.lock_key, ts, ts],
+        )
+
+
+def worker_stopped(conn: BaseDatabaseWrapper, worker_id: str, now: datetime) -> None:
+    with conn.cursor() as cursor:
+        cursor.execute("UPDATE ox_worker SET stopped_at = %s WHERE id = %s", [_ts(conn, now), worker_id])

@@ -2,7 +2,9 @@
 
 All queue bookkeeping happens on this (main) thread over the worker's own connection. Task
 bodies run in ox.executor and report back through one queue, which is also what the loop
-sleeps on: a finished task wakes it at once, and so does a stop request.
+sleeps on: a finished task wakes it at once, and so does a stop request. Everything in
+flight is keyed by the claim (task id, fence): after a rescue a worker may hold an old and
+a new run of the same task.
 """
 
 import logging
@@ -23,17 +25,16 @@ from django.utils import timezone
 
 from ox import sql
 from ox.backend import OxBackend
-from ox.completer import Completer
+from ox.completer import REFUSED, Completer
 from ox.connection import open_worker_connection
 from ox.duties import Duty, worker_duties
 from ox.enqueue import database_for
 from ox.exceptions import TaskCancelled, TaskTimeout
-from ox.execution import Finished, Prepared, prepare
-from ox.executor import SKIPPED, AsyncExecutor, SyncExecutor
+from ox.execution import Finished, Prepared, decide_retry, prepare
+from ox.executor import SKIPPED, AsyncExecutor, Key, SyncExecutor
+from ox.leases import Leases
 from ox.listener import Listener
 from ox.logs import event, task_fields
-from ox.models import Attempt
-from ox.models import Worker as WorkerRow
 from ox.prefetch import Prefetch
 
 logger = logging.getLogger("ox.worker")
@@ -43,6 +44,8 @@ EXIT_LEFT_BEHIND = 1
 EXIT_STUCK = 3
 _WAKE = object()  # a stop request
 _NOTIFIED = object()  # PostgreSQL says tasks were enqueued
+_STARTED = object()  # a task body started: its start is written with the next heartbeat
+START_MARK_DELAY = 0.5  # seconds: the heartbeat comes at most this long after a body starts
 
 
 @dataclass
@@ -57,9 +60,10 @@ class WorkerSettings:
 
 @dataclass
 class Held:
-    """A task this worker holds a lease on: handed to an executor, started or not."""
+    """A claim this worker holds a lease on: being prepared, or handed to an executor."""
 
-    prep: Prepared
+    claimed: sql.Claimed
+    prep: Prepared | None = None
     interrupted_at: float | None = None  # monotonic
     lost: bool = False
 
@@ -80,23 +84,30 @@ class Worker:
         self.outcomes: queue.Queue[Any] = queue.Queue()
         self.completer = Completer(self.id, self.options, self.sender)
         self.prefetch = Prefetch(self.options.prefetch, self.options.prefetch_window)
-        self.held: dict[uuid.UUID, Held] = {}
+        self.held: dict[Key, Held] = {}
+        self.to_hand_back: list[Key] = []  # claims that could not be handed to an executor
+        self.prefetch_hold = False  # prefetched tasks were given back: claim for free slots only
         self.claimed_total = 0
         self.stopping = False
         self.stop_deadline: float | None = None
         self.stuck = False
         self.async_seen = False
+        self.next_async_probe = 0.0  # monotonic: when to look for async tasks again
         self.more_waiting = True  # the last claim got all it asked for
         self.next_poll = 0.0
         self.next_heartbeat = 0.0
         self.next_rescue = 0.0
+        self.connected_at = 0.0  # monotonic
+        self.reconnected = False  # outcomes held in memory are written before anything else
         self.last_claim_at = 0.0
         self.duties: list[tuple[Duty, list[float]]] = []  # (duty, [next run, monotonic])
         self.conn: Any = None
         self.sync: SyncExecutor | None = None
         self.aio: AsyncExecutor | None = None
         self.listener: Listener | None = None
+        self.leases = Leases(self)
         self.notified = threading.Event()  # a wake-up from the listener is already queued
+        self.start_seen = threading.Event()  # a _STARTED is already queued
 
     # ---------------------------------------------------------------- life cycle
     def request_stop(self) -> None:
@@ -119,20 +130,26 @@ class Worker:
 
     def _start(self) -> None:
         self._connect()
-        now = timezone.now()
-        WorkerRow.objects.using(self.alias).create(
-            id=self.id,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            queues=self.settings.queues,
-            concurrency=self.settings.concurrency,
-            lock_key=self.lock_key if sql.is_postgres(self.conn) else 0,
-            started_at=now,
-            heartbeat_at=now,
+        self.reconnected = False
+        sql.register_worker(
+            self.conn,
+            sql.WorkerRow(
+                id=self.id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                queues=self.settings.queues,
+                concurrency=self.settings.concurrency,
+                lock_key=self.lock_key if sql.is_postgres(self.conn) else 0,
+                now=timezone.now(),
+            ),
         )
+        # The main thread's own Django connection is not needed again: do not hold it open.
+        connections[self.alias].close()
         self.duties = [(duty, [0.0]) for duty in worker_duties(self)]
-        self.sync = SyncExecutor(self.settings.concurrency, self.sender, self.outcomes)
-        self.aio = AsyncExecutor(self.settings.async_concurrency, self.sender, self.outcomes)
+        self.sync = SyncExecutor(self.settings.concurrency, self.sender, self.outcomes, self.options, self._on_start)
+        self.aio = AsyncExecutor(
+            self.settings.async_concurrency, self.sender, self.outcomes, self.options, self._on_start
+        )
         if self.options.notify and Listener.available(self.alias):
             self.listener = Listener(self.alias, self._on_notify)
             self.listener.start()
@@ -151,14 +168,20 @@ class Worker:
             self.notified.set()
             self.outcomes.put(_NOTIFIED)
 
+    def _on_start(self) -> None:
+        # Called from a task thread or the event loop as a body starts.
+        if not self.start_seen.is_set():
+            self.start_seen.set()
+            self.outcomes.put(_STARTED)
+
     def _connect(self) -> None:
-        # The main thread's Django connection (used for rare ORM reads) may be broken too.
-        connections[self.alias].close_if_unusable_or_obsolete()
         self.conn = open_worker_connection(self.alias)
         sql.hold_worker_lock(self.conn, self.lock_key)
+        self.connected_at = time.monotonic()
+        self.reconnected = True
 
     def _done(self) -> bool:
-        busy = bool(self.held or self.completer)
+        busy = bool(self.held or self.completer or self.to_hand_back)
         if self.stopping:
             return not busy or time.monotonic() >= (self.stop_deadline or 0)
         if self.stuck:
@@ -174,13 +197,14 @@ class Worker:
         try:
             self._guard(self._hand_back)
             self._guard(lambda: self.completer.flush(self.conn))
-            WorkerRow.objects.using(self.alias).filter(id=self.id).update(stopped_at=timezone.now())
-        except DatabaseError as exc:
+            sql.worker_stopped(self.conn, self.id, timezone.now())
+        except (DatabaseError, AttributeError) as exc:
             event(logger, logging.ERROR, f"worker could not record its stop: {exc}", worker=self.id)
-        left = [h.prep.claimed for h in self.held.values()]
+        left = [h.claimed for h in self.held.values()]
         for part in (self.sync, self.aio, self.listener):
             if part is not None:
                 part.stop()
+        self.completer.signals.stop(timeout=5.0)
         for claimed in left:
             message = "worker left a task running; the rescuer will take it back"
             event(logger, logging.WARNING, message, **task_fields(claimed), worker=self.id)
@@ -194,7 +218,7 @@ class Worker:
     def _cycle(self) -> None:
         self._collect(self._wait_time())
         self._guard(self._maintain)
-        if self.stopping or self.stuck:
+        if self.stopping or self.stuck or self.to_hand_back:
             self._guard(self._hand_back)
         if self._may_claim():
             self._guard(self._claim)
@@ -202,19 +226,17 @@ class Worker:
             self._guard(lambda: self.completer.flush(self.conn))
 
     def _guard(self, step: Any) -> None:
-        """Database faults (a restart, a terminated backend, a locked SQLite file) never end
-        the worker: reconnect with backoff and carry on; unwritten outcomes are kept."""
+        """Nothing a step meets ends the worker: a lost connection (a restart, a terminated
+        backend, a locked SQLite file) means reconnect with backoff and carry on, keeping
+        unwritten outcomes; anything else is logged and the step tried again shortly."""
         try:
             step()
         except (OperationalError, InterfaceError) as exc:
             self._reconnect(exc)
-        except DatabaseError:
-            # Not a lost connection: a statement the database refused. Log it and pause
-            # rather than spin; the outcome stays queued and is tried again.
-            event(
-                logger, logging.ERROR, "database refused a statement; retrying shortly", exc_info=True, worker=self.id
-            )
-            time.sleep(1.0)
+        except Exception:  # noqa: BLE001
+            message = "a worker step failed; retrying shortly"
+            event(logger, logging.ERROR, message, exc_info=True, worker=self.id)
+            time.sleep(0.5)
 
     def _reconnect(self, exc: Exception) -> None:
         reason = str(exc).replace("\n", " ")
@@ -236,39 +258,42 @@ class Worker:
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    def _counts(self) -> tuple[int, int]:
-        async_held = sum(1 for h in self.held.values() if h.prep.is_async)
-        return len(self.held) - async_held, async_held
+    def _busy(self, is_async: bool) -> int:
+        return sum(1 for h in self.held.values() if (h.prep.is_async if h.prep else h.claimed.is_async) == is_async)
 
-    def _claim_size(self) -> int:
-        """How many tasks to ask for: free slots plus a prefetch sized to how short tasks
-        are. Async slots count once this worker has seen async tasks (a task's kind is
-        known only once claimed), so a sync worker never claims 100 tasks for 1 thread."""
-        sync_held, async_held = self._counts()
-        extra = self.prefetch.size()
-        want = max(self.settings.concurrency + extra - sync_held, 0)
-        if self.async_seen:
-            want += max(self.settings.async_concurrency + extra - async_held, 0)
+    def _claim_limits(self) -> tuple[int, int]:
+        """How many sync and async tasks to ask for: each kind's free slots, plus a prefetch
+        sized to how short tasks are (none while prefetched tasks were just given back).
+        Async tasks are looked for once seen, or once a poll interval."""
+        extra = 0 if self.prefetch_hold else self.prefetch.size()
+        limits = []
+        for is_async, slots in ((False, self.settings.concurrency), (True, self.settings.async_concurrency)):
+            busy = self._busy(is_async)
+            want = max(slots + extra - busy, 0)
+            # Refill early, before the prefetched tasks run out, but not one task at a time.
+            limits.append(want if busy < slots or want >= max(extra // 2, 1) else 0)
+        if not (self.async_seen or time.monotonic() >= self.next_async_probe):
+            limits[1] = 0
         if self.settings.max_tasks is not None:
-            want = min(want, self.settings.max_tasks - self.claimed_total)
-        # Refill early, before the prefetched tasks run out, but not one task at a time.
-        idle_slot = sync_held < self.settings.concurrency or (self.async_seen and async_held == 0)
-        return want if idle_slot or want >= max(extra // 2, 1) else 0
+            left = max(self.settings.max_tasks - self.claimed_total, 0)
+            limits[0] = min(limits[0], left)
+            limits[1] = min(limits[1], left - limits[0])
+        return limits[0], limits[1]
 
     def _may_claim(self) -> bool:
-        if self.stopping or self.stuck or self._claim_size() <= 0:
+        if self.stopping or self.stuck or max(self._claim_limits()) <= 0:
             return False
         return self.more_waiting or time.monotonic() >= self.next_poll
 
     def _wait_time(self) -> float:
-        if self._may_claim() or self.completer.failures:
+        if self._may_claim() or self.completer.failures or self.to_hand_back:
             return 0.0
         deadlines = [self.next_heartbeat, self.next_rescue, *(nxt[0] for _duty, nxt in self.duties)]
         if not self.more_waiting:
             deadlines.append(self.next_poll)
         if self.completer.successes:
             deadlines.append(time.monotonic() if not self.held else (self.completer.flush_due or 0))
-        deadlines.extend(self._deadlines())
+        deadlines.extend(self.leases.deadlines())
         if self.stop_deadline is not None:
             deadlines.append(self.stop_deadline)
         return max(0.0, min(deadlines) - time.monotonic())
@@ -282,6 +307,9 @@ class Worker:
             if item is _NOTIFIED:
                 self.notified.clear()
                 self.more_waiting = True
+            elif item is _STARTED:
+                self.start_seen.clear()
+                self.next_heartbeat = min(self.next_heartbeat, time.monotonic() + START_MARK_DELAY)
             elif item is not _WAKE:
                 self._record(item)
             try:
@@ -290,29 +318,73 @@ class Worker:
                 return
 
     def _claim(self) -> None:
-        want = self._claim_size()
+        sync_limit, async_limit = self._claim_limits()
         now = timezone.now()
         lease = now + timedelta(seconds=self.options.lease)
         self.last_claim_at = time.monotonic()
         # Finished tasks ride on the claim: one round trip, one commit for both.
         self.completer.flush_failures(self.conn)
         done = self.completer.take_successes()
-        written, claimed = sql.complete_and_claim(self.conn, done, self.id, self.settings.queues, want, now, lease)
+        try:
+            written, claimed = sql.complete_and_claim(
+                self.conn, done, self.id, self.settings.queues, (sync_limit, async_limit), now, lease
+            )
+        except REFUSED:
+            if not done:
+                raise
+            # A result the database refused: find it, write the rest; claim next time round.
+            self.completer.isolate(self.conn, lambda batch: sql.complete(self.conn, batch))
+            return
         if done:
             self.completer.written(written)
+        for c in claimed:
+            self.held[c.key] = Held(c)
         self.claimed_total += len(claimed)
-        self.more_waiting = len(claimed) == want
+        got_async = sum(1 for c in claimed if c.is_async)
+        self.async_seen = self.async_seen or got_async > 0
+        if async_limit and not got_async:
+            self.next_async_probe = time.monotonic() + self.poll_interval
+        self.more_waiting = (sync_limit > 0 and len(claimed) - got_async >= sync_limit) or (
+            async_limit > 0 and got_async >= async_limit
+        )
+        try:
+            self._start_claimed(claimed)
+        finally:
+            # Whatever failed above, a claim is never left held without an executor.
+            self.to_hand_back.extend(k for k, h in self.held.items() if h.prep is None and k not in self.to_hand_back)
         if not self.more_waiting:
             self._schedule_poll()
+
+    def _start_claimed(self, claimed: list[sql.Claimed]) -> None:
+        history = self._history([c.id for c in claimed if c.attempts > 1])
+        preps: list[Prepared] = []
         for c in claimed:
-            history = self._history(c) if c.attempts > 1 else ([], [])
-            prep = prepare(c, self.backend.alias, self.id, history, self.options.timeout_for(c.queue, None))
+            timeout = self.options.timeout_for(c.queue, None)
+            prep = prepare(c, self.backend.alias, self.id, history.get(c.id, ([], [])), timeout)
             if isinstance(prep, Finished):
-                self.completer.add(prep)
-                continue
-            self.async_seen = self.async_seen or prep.is_async
-            self.held[c.id] = Held(prep)
-        self._hand_over([self.held[c.id].prep for c in claimed if c.id in self.held])
+                # No user code decides here (the task did not even resolve): default backoff.
+                del self.held[c.key]
+                self.completer.add(decide_retry(prep, self.options))
+            else:
+                self.async_seen = self.async_seen or prep.is_async
+                preps.append(prep)
+        self._hand_over(preps)
+
+    def _history(self, ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple[list[TaskError], list[str]]]:
+        """Earlier attempts of retried tasks, so their context and signals see them. Only
+        informative: if it cannot be read, the tasks run without it."""
+        if not ids:
+            return {}
+        try:
+            rows = sql.attempt_history(self.conn, ids)
+        except Exception as exc:  # noqa: BLE001
+            event(logger, logging.WARNING, f"could not read earlier attempts: {exc!r}", worker=self.id)
+            return {}
+        out = {}
+        for task_id, found in rows.items():
+            errors = [TaskError(exception_class_path=path, traceback=text) for path, text, _w in found]
+            out[task_id] = (errors, [worker for _p, _t, worker in found])
+        return out
 
     def _schedule_poll(self) -> None:
         """Sleep until the next poll, or until the earliest scheduled task is due."""
@@ -326,69 +398,58 @@ class Worker:
         self.next_poll = time.monotonic() + wait
 
     def _hand_over(self, preps: list[Prepared]) -> None:
-        """Give claimed tasks to their executor, keeping no more of a kind than its slots plus
-        the prefetch: the rest go straight back, so one worker never hoards what another
-        could run now."""
+        """Give claimed tasks to their executor: as many as the kind has free slots, then
+        prefetched ones only if their path is known to be short. The rest go straight back,
+        so one worker never hoards what another could run now."""
         assert self.sync is not None and self.aio is not None
-        extra = self.prefetch.size()
-        sync_held, async_held = self._counts()
-        room = {
-            False: self.settings.concurrency + extra - (sync_held - sum(1 for p in preps if not p.is_async)),
-            True: self.settings.async_concurrency + extra - (async_held - sum(1 for p in preps if p.is_async)),
-        }
-        excess = []
+        extra = 0 if self.prefetch_hold else self.prefetch.size()
+        new = {p.key for p in preps}
+        room = {}
+        for is_async, slots in ((False, self.settings.concurrency), (True, self.settings.async_concurrency)):
+            busy = sum(1 for k, h in self.held.items() if h.prep and h.prep.is_async == is_async and k not in new)
+            room[is_async] = (slots - busy, extra)
+        back = []
         for prep in preps:
-            if room[prep.is_async] > 0:
-                room[prep.is_async] -= 1
-                (self.aio if prep.is_async else self.sync).submit(prep)
+            free, prefetch = room[prep.is_async]
+            if free > 0:
+                room[prep.is_async] = (free - 1, prefetch)
+            elif prefetch > 0 and self.prefetch.short(prep.claimed.task_path):
+                room[prep.is_async] = (free, prefetch - 1)
             else:
-                excess.append(prep)
-        if excess:
-            for prep in excess:
-                del self.held[prep.claimed.id]
-            sql.hand_back(self.conn, [(p.claimed.id, p.claimed.fence) for p in excess])
-            self.claimed_total -= len(excess)
-            self.more_waiting = True
-
-    def _history(self, claimed: Any) -> tuple[list[TaskError], list[str]]:
-        """Earlier attempts of a retried task, so its context and signals see them."""
-        attempts = list(Attempt.objects.using(self.alias).filter(task_id=claimed.id).order_by("number", "id"))
-        return (
-            [TaskError(exception_class_path=a.exception_class_path, traceback=a.traceback) for a in attempts],
-            [a.worker_id for a in attempts],
-        )
+                back.append(prep)
+                continue
+            self.held[prep.key].prep = prep
+            (self.aio if prep.is_async else self.sync).submit(prep)
+        if back:  # left without prep: _claim sets them aside for _hand_back
+            self.prefetch_hold = True
 
     def _record(self, finished: Finished) -> None:
-        held = self.held.pop(finished.claimed.id, None)
+        held = self.held.pop(finished.key, None)
         if finished.kind == SKIPPED or held is None:
             return
-        self.prefetch.observe((finished.finished_at - finished.started_at).total_seconds())
+        self.prefetch.observe(finished.claimed.task_path, (finished.finished_at - finished.started_at).total_seconds())
+        if held.prep is None or not held.prep.is_async:
+            self.prefetch_hold = False  # a slot is free: claim for it (and prefetch) again
         self.completer.add(finished)
         if len(self.completer.successes) >= self.options.completion_batch:
             self._guard(lambda: self.completer.flush(self.conn))
 
-    # ---------------------------------------------------------------- leases, rescue, timeouts
+    # ---------------------------------------------------------------- leases, rescue, duties
     def _maintain(self) -> None:
+        if self.reconnected:
+            # Back after an outage: what finished meanwhile is written first (fenced), and
+            # leases renewed, before this worker's rescuer may judge anyone's leases.
+            self.reconnected = False
+            self.completer.flush(self.conn)
+            self.next_heartbeat = 0.0
         now = time.monotonic()
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + self.options.heartbeat
-            self._heartbeat()
-        if now >= self.next_rescue:
+            self.leases.heartbeat()
+        if now >= self.next_rescue and now - self.connected_at >= self.options.liveness_grace:
             self.next_rescue = now + self.options.rescue_interval
-            rescued = sql.rescue(self.conn, timezone.now(), self.options.max_lost)
-            if rescued:
-                self.more_waiting = True  # claim them now rather than at the next poll
-            for task_id, worker_id, status in rescued:
-                event(
-                    logger,
-                    logging.WARNING,
-                    "rescued a lost task",
-                    task_id=task_id,
-                    lost_worker=worker_id,
-                    status=status,
-                    worker=self.id,
-                )
-        self._enforce_timeouts(now)
+            self.leases.rescue()
+        self.leases.enforce(now)
         for duty, next_run in self.duties:
             if now >= next_run[0]:
                 next_run[0] = now + duty.interval
@@ -399,68 +460,28 @@ class Worker:
                 except Exception as exc:  # noqa: BLE001  (a duty's bug must not stop the tasks)
                     event(logger, logging.ERROR, f"duty {duty.name} failed: {exc!r}", worker=self.id)
 
-    def _heartbeat(self) -> None:
-        now = timezone.now()
-        sql.heartbeat(self.conn, self.id, now)
-        held = [(task_id, h.prep.claimed.fence) for task_id, h in self.held.items() if not h.lost]
-        kept = sql.renew(self.conn, held, now + timedelta(seconds=self.options.lease))
-        for task_id, _fence in held:
-            if task_id not in kept:
-                self._lost(task_id)
-            elif kept[task_id]:
-                self._interrupt(task_id, TaskCancelled)
-
-    def _executor(self, task_id: uuid.UUID) -> SyncExecutor | AsyncExecutor:
-        assert self.sync is not None and self.aio is not None
-        return self.aio if self.held[task_id].prep.is_async else self.sync
-
-    def _lost(self, task_id: uuid.UUID) -> None:
-        held = self.held[task_id]
-        held.lost = True
-        if not self._executor(task_id).forget(task_id):
-            message = "lease lost while running; the outcome will be fenced out"
-            event(logger, logging.WARNING, message, **task_fields(held.prep.claimed), worker=self.id)
-
-    def _interrupt(self, task_id: uuid.UUID, exc_type: type[TaskCancelled] | type[TaskTimeout]) -> None:
-        held = self.held.get(task_id)
-        if held is None or held.interrupted_at is not None:
-            return
-        if self._executor(task_id).interrupt(task_id, exc_type):
-            held.interrupted_at = time.monotonic()
-
-    def _deadlines(self) -> list[float]:
-        """When a running sync task times out, or outlives its interrupt (the event loop
-        enforces async timeouts itself)."""
-        assert self.sync is not None
-        out = []
-        for task_id, held in self.held.items():
-            if held.interrupted_at is not None:
-                out.append(held.interrupted_at + self.options.interrupt_grace)
-            elif held.prep.timeout and not held.prep.is_async:
-                started = self.sync.started_at(task_id)
-                if started is not None:
-                    out.append(started + held.prep.timeout)
-        return out
-
-    def _enforce_timeouts(self, now: float) -> None:
-        assert self.sync is not None
-        for task_id, held in list(self.held.items()):
-            if held.interrupted_at is not None:
-                started = self._executor(task_id).started_at(task_id)
-                if started is not None and not self.stuck and now - held.interrupted_at > self.options.interrupt_grace:
-                    self.stuck = True
-                    message = "task ignored its interrupt; the worker stops claiming and will exit"
-                    event(logger, logging.ERROR, message, **task_fields(held.prep.claimed), worker=self.id)
-            elif held.prep.timeout and not held.prep.is_async:
-                started = self.sync.started_at(task_id)
-                if started is not None and now >= started + held.prep.timeout:
-                    self._interrupt(task_id, TaskTimeout)
-
     def _hand_back(self) -> None:
-        """Claimed tasks that have not started go back to READY without spending an attempt."""
-        taken = [p for executor in (self.sync, self.aio) if executor is not None for p in executor.take_back()]
-        for prep in taken:
-            self.held.pop(prep.claimed.id, None)
-        if taken:
-            count = sql.hand_back(self.conn, [(p.claimed.id, p.claimed.fence) for p in taken])
+        """Claims that have not started go back to READY without spending an attempt:
+        at shutdown every one waiting, otherwise those the loop set aside."""
+        taken: list[Key] = list(self.to_hand_back)
+        if self.stopping or self.stuck:
+            taken += [p.key for ex in (self.sync, self.aio) if ex is not None for p in ex.take_back()]
+        if not taken:
+            return
+        count = sql.hand_back(self.conn, taken, timezone.now())
+        self.to_hand_back = []
+        for key in taken:
+            self.held.pop(key, None)
+        self.claimed_total -= len(taken)
+        self.more_waiting = self.more_waiting or not self.prefetch_hold
+        if self.stopping:
             event(logger, logging.INFO, "handed back claimed tasks that had not started", count=count, worker=self.id)
+
+    def interrupt(self, key: Key, exc_type: type[TaskCancelled] | type[TaskTimeout]) -> None:
+        held = self.held.get(key)
+        if held is None or held.interrupted_at is not None or held.prep is None:
+            return
+        executor = self.aio if held.prep.is_async else self.sync
+        assert executor is not None
+        if executor.interrupt(key, exc_type):
+            held.interrupted_at = time.monotonic()

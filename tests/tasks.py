@@ -158,3 +158,70 @@ def record_then_sleep(key: str, seconds: float) -> str:
     Ledger.objects.create(key=key, pid=os.getpid())
     time.sleep(seconds)
     return key
+
+
+# ---------------------------------------------------------------- edges (tests/test_edges.py)
+@task(max_attempts=3)
+def returns_lone_surrogate() -> str:
+    return "file-\udcff"  # what os.fsdecode gives for an undecodable file name
+
+
+@task(max_attempts=1)
+def raises_lone_surrogate() -> None:
+    raise ValueError("cannot open file-\udcff")
+
+
+@task
+def returns_int_keys() -> dict:
+    return {1: "a", "b": (1, 2)}
+
+
+@task(max_attempts=2)
+async def async_raises(kind: str) -> None:
+    import asyncio as _asyncio
+
+    await _asyncio.sleep(0.01)
+    if kind == "cancelled":
+        raise _asyncio.CancelledError()
+    if kind == "exit":
+        raise SystemExit(2)
+    if kind == "interrupt":
+        raise KeyboardInterrupt()
+    if kind == "subtask-exit":
+
+        async def child() -> None:
+            raise SystemExit(4)
+
+        await _asyncio.gather(_asyncio.ensure_future(child()))
+
+
+def _inf_backoff(exc, result):
+    return float("inf")
+
+
+def _slow_backoff(exc, result):
+    time.sleep(2.5)  # longer than the test's lease: must not starve the worker loop
+    return 0.01
+
+
+@task(max_attempts=2, backoff=_inf_backoff)
+def backoff_inf() -> None:
+    raise RuntimeError("inf backoff")
+
+
+@task(max_attempts=2, backoff=_slow_backoff)
+def backoff_slow() -> None:
+    raise RuntimeError("slow backoff")
+
+
+@task(max_attempts=3)
+def fails_after(seconds: float) -> None:
+    time.sleep(seconds)
+    raise RuntimeError("failed after a while")
+
+
+@task
+def record_sleep(key: str, seconds: float) -> str:
+    Ledger.objects.create(key=key, pid=os.getpid())
+    time.sleep(seconds)
+    return key

@@ -188,9 +188,15 @@ def test_get_result_ready_and_running():
     result = tasks.echo.enqueue("v")
     fetched = tasks.echo.get_result(result.id)
     assert fetched.status == TaskResultStatus.READY and fetched.args == ["v"] and fetched.attempts == 0
-    claim()
+    (c,) = claim()
+    fetched.refresh()
+    # Claimed (perhaps prefetched behind a slow task) but not started: still READY for Django.
+    assert fetched.status == TaskResultStatus.READY and fetched.started_at is None and fetched.worker_ids == []
+    began = timezone.now()
+    sql.renew(connection, [(c.id, c.fence, began)], began + timedelta(seconds=30))  # the heartbeat after its start
     fetched.refresh()
     assert fetched.status == TaskResultStatus.RUNNING
+    assert fetched.started_at == began and fetched.last_attempted_at == began
     assert fetched.worker_ids == ["test-worker"] and fetched.attempts == 1
     with pytest.raises(ValueError):
         fetched.return_value
@@ -220,7 +226,7 @@ def test_get_result_cancelled_reads_failed_with_error():
 def test_get_result_successful_is_one_query(django_assert_num_queries):
     result = tasks.echo.enqueue(1)
     (c,) = claim()
-    sql.complete(connection, [sql.Completion(c.id, c.fence, '{"ok": 1}', timezone.now())])
+    sql.complete(connection, [sql.Completion(c.id, c.fence, '{"ok": 1}', timezone.now(), timezone.now())])
     with django_assert_num_queries(1):
         fetched = task_backends["default"].get_result(result.id)
     assert fetched.status == TaskResultStatus.SUCCESSFUL and fetched.return_value == {"ok": 1}

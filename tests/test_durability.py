@@ -83,13 +83,18 @@ def test_fenced_writes_match_nothing_after_a_rescue():
     (new,) = sql.claim(connection, "new", ["default"], 1, later, later + timezone.timedelta(minutes=1))
     assert new.fence > old.fence
     late = timezone.now()
-    assert sql.complete(connection, [sql.Completion(old.id, old.fence, '"late"', late)]) == set()
-    assert sql.renew(connection, [(old.id, old.fence)], late) == {}
+    assert sql.complete(connection, [sql.Completion(old.id, old.fence, '"late"', late, late)]) == set()
+    assert sql.renew(connection, [(old.id, old.fence, None)], late) == {}
     failure = sql.Failure(old.id, old.fence, 1, "old", late, late, "failed", "x.Y", "tb", None)
-    assert sql.fail(connection, failure) is False
+    assert sql.fail(connection, failure) is None
     row = Task.objects.get(pk=r.id)
     assert row.status == Status.RUNNING and row.worker_id == "new"
-    assert sql.complete(connection, [sql.Completion(new.id, new.fence, '"ok"', late)]) == {new.id}
+    # One batch holding the old and the new run of the task: only the new claim is written.
+    both = [
+        sql.Completion(old.id, old.fence, '"late"', late, late),
+        sql.Completion(new.id, new.fence, '"ok"', late, late),
+    ]
+    assert sql.complete(connection, both) == {(new.id, new.fence)}
 
 
 def test_paused_worker_is_fenced_out_after_rescue(start_worker):

@@ -1,0 +1,136 @@
+"""The worker's duties towards what it holds: renew leases (and write when bodies started),
+act on cancels, enforce timeouts, give back prefetched tasks stuck behind long ones, and
+run the rescuer for everyone's lost tasks."""
+
+import logging
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from django.utils import timezone
+
+from ox import sql
+from ox.exceptions import TaskCancelled, TaskTimeout
+from ox.logs import event, task_fields
+
+if TYPE_CHECKING:
+    from ox.worker import Worker
+
+logger = logging.getLogger("ox.worker")
+
+
+class Leases:
+    def __init__(self, worker: "Worker") -> None:
+        self.w = worker
+
+    def heartbeat(self) -> None:
+        w = self.w
+        assert w.sync is not None and w.aio is not None
+        now = timezone.now()
+        sql.heartbeat(w.conn, w.id, now)
+        rows = []
+        for key, held in w.held.items():
+            if held.lost:
+                continue
+            started = None
+            if held.prep is not None:
+                started = (w.aio if held.prep.is_async else w.sync).started_wall(key)
+            rows.append((key[0], key[1], started))
+        # Finished but not yet written: their leases must not run out while they wait.
+        rows += [(f.claimed.id, f.claimed.fence, None) for f in w.completer.pending()]
+        kept = sql.renew(w.conn, rows, now + timedelta(seconds=w.options.lease))
+        for key, held in list(w.held.items()):
+            if held.lost:
+                continue
+            if key not in kept:
+                self._lost(key)
+            elif kept[key]:
+                w.interrupt(key, TaskCancelled)
+
+    def _lost(self, key: tuple) -> None:
+        w = self.w
+        held = w.held[key]
+        held.lost = True
+        if held.prep is None:
+            return
+        executor = w.aio if held.prep.is_async else w.sync
+        assert executor is not None
+        if not executor.forget(key):
+            message = "lease lost while running; the outcome will be fenced out"
+            event(logger, logging.WARNING, message, **task_fields(held.claimed), worker=w.id)
+
+    def rescue(self) -> None:
+        w = self.w
+        rescued = sql.rescue(w.conn, timezone.now(), w.options.max_lost, w.options.liveness_grace)
+        if rescued:
+            w.more_waiting = True  # claim them now rather than at the next poll
+        for task_id, worker_id, status in rescued:
+            event(
+                logger,
+                logging.WARNING,
+                "rescued a lost task",
+                task_id=task_id,
+                lost_worker=worker_id,
+                status=status,
+                worker=w.id,
+            )
+
+    def deadlines(self) -> list[float]:
+        """When a running sync task times out or outlives its interrupt (the event loop
+        enforces async timeouts itself), or when prefetched tasks have waited behind long
+        ones for the prefetch window."""
+        w = self.w
+        assert w.sync is not None
+        out = []
+        window = w.options.prefetch_window
+        waiting = w.sync.waiting() > 0
+        for key, held in w.held.items():
+            if held.prep is None:
+                continue
+            started = w.sync.started_at(key) if not held.prep.is_async else None
+            if held.interrupted_at is not None:
+                out.append(held.interrupted_at + w.options.interrupt_grace)
+            elif started is not None and held.prep.timeout:
+                out.append(started + held.prep.timeout)
+            if started is not None and waiting and window is not None:
+                out.append(started + window)
+        return out
+
+    def enforce(self, now: float) -> None:
+        w = self.w
+        assert w.sync is not None and w.aio is not None
+        for key, held in list(w.held.items()):
+            if held.prep is None:
+                continue
+            executor = w.aio if held.prep.is_async else w.sync
+            if held.interrupted_at is not None:
+                started = executor.started_at(key)
+                if started is not None and not w.stuck and now - held.interrupted_at > w.options.interrupt_grace:
+                    w.stuck = True
+                    message = "task ignored its interrupt; the worker stops claiming and will exit"
+                    event(logger, logging.ERROR, message, **task_fields(held.claimed), worker=w.id)
+            elif held.prep.timeout and not held.prep.is_async:
+                started = w.sync.started_at(key)
+                if started is not None and now >= started + held.prep.timeout:
+                    w.interrupt(key, TaskTimeout)
+        self._give_back_hoarded(now)
+
+    def _give_back_hoarded(self, now: float) -> None:
+        """Every task thread is busy with a task past the prefetch window, and prefetched
+        tasks wait behind them: give those back, another worker may be idle."""
+        w = self.w
+        assert w.sync is not None
+        window = w.options.prefetch_window
+        if window is None or w.stopping or w.sync.waiting() == 0:
+            return
+        running = [(key, w.sync.started_at(key)) for key, h in w.held.items() if h.prep and not h.prep.is_async]
+        started = [(key, at) for key, at in running if at is not None]
+        if len(started) < w.settings.concurrency or any(now - at <= window for _key, at in started):
+            return
+        for key, at in started:
+            w.prefetch.running_long(w.held[key].claimed.task_path, now - at)
+        taken = w.sync.take_back()
+        if taken:
+            w.to_hand_back.extend(p.key for p in taken if p.key not in w.to_hand_back)
+            w.prefetch_hold = True
+            message = "gave back prefetched tasks waiting behind long ones"
+            event(logger, logging.INFO, message, count=len(taken), worker=w.id)
