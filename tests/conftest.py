@@ -20,11 +20,13 @@ def database_url() -> str:
 
 
 class WorkerProcess:
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], log: Path, prefix: list[str] | None = None) -> None:
         self.log = log
         self._log_file = log.open("wb")
+        # prefix: a command that execs the worker in place (the pid stays the worker's), e.g.
+        # ["ip", "netns", "exec", name] to run it in a network namespace.
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "runworker", *args],
+            [*(prefix or []), sys.executable, str(ROOT / "manage.py"), "runworker", *args],
             cwd=ROOT,
             env=env,
             stdout=self._log_file,
@@ -70,9 +72,9 @@ def start_worker(worker_env, tmp_path) -> Iterator[Callable[..., WorkerProcess]]
     """Start `manage.py runworker` subprocesses; every one is killed (by pid) at teardown."""
     started: list[WorkerProcess] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+    def start(*args: str, env: dict[str, str] | None = None, prefix: list[str] | None = None) -> WorkerProcess:
         log = tmp_path / f"worker-{len(started)}.log"
-        worker = WorkerProcess(list(args), {**worker_env, **(env or {})}, log)
+        worker = WorkerProcess(list(args), {**worker_env, **(env or {})}, log, prefix)
         started.append(worker)
         return worker
 
