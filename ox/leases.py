@@ -58,9 +58,10 @@ class Leases:
             message = "lease lost while running; the outcome will be fenced out"
             event(logger, logging.WARNING, message, **task_fields(held.claimed), worker=w.id)
 
-    def rescue(self) -> None:
+    def rescue(self) -> bool:
+        """Run the rescuer once; True if it found a worker whose lock just went free."""
         w = self.w
-        rescued = sql.rescue(w.conn, timezone.now(), w.options.max_lost, w.options.liveness_grace)
+        rescued, marked = sql.rescue_and_mark(w.conn, timezone.now(), w.options.max_lost, w.options.liveness_grace)
         if rescued:
             w.more_waiting = True  # claim them now rather than at the next poll
         for task_id, worker_id, status in rescued:
@@ -73,6 +74,10 @@ class Leases:
                 status=status,
                 worker=w.id,
             )
+        for worker_id in marked:
+            message = "a worker's liveness lock is free; its tasks are rescued unless it is back within the grace"
+            event(logger, logging.INFO, message, lost_worker=worker_id, worker=w.id)
+        return bool(marked)
 
     def deadlines(self) -> list[float]:
         """When a running sync task times out or outlives its interrupt (the event loop

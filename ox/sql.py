@@ -550,13 +550,19 @@ LOST_TRACEBACK = (
 def rescue(
     conn: BaseDatabaseWrapper, now: datetime, max_lost: int = 5, liveness_grace: float = 1.0
 ) -> list[tuple[uuid.UUID, str, str]]:
+    return rescue_and_mark(conn, now, max_lost, liveness_grace)[0]
+
+
+def rescue_and_mark(
+    conn: BaseDatabaseWrapper, now: datetime, max_lost: int = 5, liveness_grace: float = 1.0
+) -> tuple[list[tuple[uuid.UUID, str, str]], list[str]]:
     """Take back RUNNING tasks whose lease expired or whose worker died, recording a `lost`
     attempt. A lost attempt does not spend the task's budget (max_attempts grows with it):
     the worker may have died before the task even started (it may have been prefetched).
     Only a task lost `max_lost` times (it may be what kills its workers) becomes FAILED; one
     whose cancel was requested becomes CANCELLED. run_after is kept, so the task goes back
     to its place in the queue, not to the end. One rescuer at a time. Returns (task id,
-    worker id, new status) per rescued task."""
+    worker id, new status) per rescued task, and the workers newly found without their lock."""
     lost_path = class_path(WorkerLost)
     if is_postgres(conn):
         # A live worker holds a session advisory lock on (LOCK_NAMESPACE, lock_key). When the
@@ -602,15 +608,16 @@ def rescue(
                        replace(%(tb)s, '{{worker}}', worker_id)
                 FROM moved
             )
-            SELECT id, worker_id, status FROM moved
+            SELECT id, worker_id, status FROM moved UNION ALL SELECT NULL, id, 'MARKED' FROM marked
         """
         params = {"now": now, "path": lost_path, "tb": LOST_TRACEBACK, "max_lost": max_lost, "grace": liveness_grace}
         with transaction(conn) as cursor:
             cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [LOCK_NAMESPACE, RESCUER_KEY])
             if not cursor.fetchone()[0]:
-                return []
+                return [], []
             cursor.execute(sql, params)
-            return [(_read_id(r[0]), r[1], r[2]) for r in cursor.fetchall()]
+            rows = cursor.fetchall()
+        return [(_read_id(r[0]), r[1], r[2]) for r in rows if r[0] is not None], [r[1] for r in rows if r[0] is None]
     # SQLite has one writer at a time: the IMMEDIATE transaction is the rescuer's lock, and
     # both statements see the same expired set.
     ts = _ts(conn, now)
@@ -632,7 +639,7 @@ def rescue(
             " WHERE status = 'RUNNING' AND lease_expires_at < %s RETURNING id, worker_id, status",
             [max_lost, max_lost, ts, ts],
         )
-        return [(_read_id(r[0]), r[1], r[2]) for r in cursor.fetchall()]
+        return [(_read_id(r[0]), r[1], r[2]) for r in cursor.fetchall()], []
 
 
 def hold_worker_lock(conn: BaseDatabaseWrapper, lock_key: int) -> None:

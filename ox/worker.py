@@ -97,7 +97,7 @@ class Worker:
         self.next_poll = 0.0
         self.next_heartbeat = 0.0
         self.next_rescue = 0.0
-        self.connected_at = 0.0  # monotonic
+        self.reconnected_at = -1e9  # monotonic: the rescuer waits LIVENESS_GRACE after a reconnect
         self.reconnected = False  # outcomes held in memory are written before anything else
         self.last_claim_at = 0.0
         self.duties: list[tuple[Duty, list[float]]] = []  # (duty, [next run, monotonic])
@@ -130,7 +130,6 @@ class Worker:
 
     def _start(self) -> None:
         self._connect()
-        self.reconnected = False
         sql.register_worker(
             self.conn,
             sql.WorkerRow(
@@ -177,8 +176,6 @@ class Worker:
     def _connect(self) -> None:
         self.conn = open_worker_connection(self.alias)
         sql.hold_worker_lock(self.conn, self.lock_key)
-        self.connected_at = time.monotonic()
-        self.reconnected = True
 
     def _done(self) -> bool:
         busy = bool(self.held or self.completer or self.to_hand_back)
@@ -250,13 +247,16 @@ class Worker:
                 pass
             try:
                 self._connect()
+                self.reconnected, self.reconnected_at = True, time.monotonic()
                 event(logger, logging.INFO, "reconnected", worker=self.id)
                 return
             except (OperationalError, InterfaceError):
                 if self.stopping and time.monotonic() >= (self.stop_deadline or 0):
                     raise
                 time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                # At most a second apart: after a server restart every worker should be back
+                # within the liveness grace of the first, or its tasks are taken for lost.
+                delay = min(delay * 2, 1.0)
 
     def _busy(self, is_async: bool) -> int:
         return sum(1 for h in self.held.values() if (h.prep.is_async if h.prep else h.claimed.is_async) == is_async)
@@ -446,9 +446,11 @@ class Worker:
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + self.options.heartbeat
             self.leases.heartbeat()
-        if now >= self.next_rescue and now - self.connected_at >= self.options.liveness_grace:
+        if now >= self.next_rescue and now - self.reconnected_at >= self.options.liveness_grace:
             self.next_rescue = now + self.options.rescue_interval
-            self.leases.rescue()
+            if self.leases.rescue():
+                # A worker was just found without its lock: look again when its grace is up.
+                self.next_rescue = min(self.next_rescue, now + self.options.liveness_grace + 0.05)
         self.leases.enforce(now)
         for duty, next_run in self.duties:
             if now >= next_run[0]:

@@ -301,3 +301,25 @@ def test_outcomes_finished_during_an_outage_longer_than_the_lease_are_written_no
     assert not Attempt.objects.filter(task_id=r.id).exists(), worker.output()
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0
+
+
+@postgres_only
+def test_a_worker_whose_idle_connections_are_cut_keeps_every_task_moving(start_worker):
+    # idle_session_timeout (or a proxy) closes any session idle for a second: the worker's
+    # own connection between retries, its listener. Retried tasks read their history after
+    # the claim; nothing that fails after a claim may leave tasks claimed but never run.
+    name = connection.settings_dict["NAME"]
+    with psycopg.connect(_admin_url(), autocommit=True) as admin:
+        admin.execute(f"ALTER DATABASE \"{name}\" SET idle_session_timeout = '700ms'")
+    try:
+        retried = [tasks.fail_until_third.enqueue(f"k{i}") for i in range(3)]
+        worker = start_worker("--concurrency", "2", env=options(backoff_base=1.5, backoff_max=2.0))
+        wait_until(lambda: all(row(r).status == Status.SUCCESSFUL for r in retried), timeout=60)
+    finally:
+        with psycopg.connect(_admin_url(), autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{name}" RESET idle_session_timeout')
+    assert all(row(r).attempts == 3 for r in retried), worker.output()
+    later = tasks.echo.enqueue("after")
+    wait_until(lambda: row(later).status == Status.SUCCESSFUL, timeout=30)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output()
