@@ -16,21 +16,20 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
-from django.tasks.base import TaskError
 from django.utils import timezone
 
 from ox import sql
 from ox.backend import OxBackend
-from ox.completer import REFUSED, Completer
+from ox.claims import Claims, Held
+from ox.completer import Completer
 from ox.connection import open_worker_connection
 from ox.duties import Duty, worker_duties
 from ox.enqueue import database_for
 from ox.exceptions import TaskCancelled, TaskTimeout
-from ox.execution import Finished, Prepared, decide_retry, prepare
+from ox.execution import Finished
 from ox.executor import SKIPPED, AsyncExecutor, Key, SyncExecutor
 from ox.leases import Leases
 from ox.listener import Listener
@@ -56,16 +55,6 @@ class WorkerSettings:
     batch: bool = False
     max_tasks: int | None = None
     poll_interval: float | None = None  # None: the backend's POLL_INTERVAL
-
-
-@dataclass
-class Held:
-    """A claim this worker holds a lease on: being prepared, or handed to an executor."""
-
-    claimed: sql.Claimed
-    prep: Prepared | None = None
-    interrupted_at: float | None = None  # monotonic
-    lost: bool = False
 
 
 class Worker:
@@ -106,6 +95,7 @@ class Worker:
         self.aio: AsyncExecutor | None = None
         self.listener: Listener | None = None
         self.leases = Leases(self)
+        self.claims = Claims(self)
         self.notified = threading.Event()  # a wake-up from the listener is already queued
         self.start_seen = threading.Event()  # a _STARTED is already queued
 
@@ -218,7 +208,7 @@ class Worker:
         if self.stopping or self.stuck or self.to_hand_back:
             self._guard(self._hand_back)
         if self._may_claim():
-            self._guard(self._claim)
+            self._guard(self.claims.claim)
         elif self.completer.due(idle=not self.held):
             self._guard(lambda: self.completer.flush(self.conn))
 
@@ -258,30 +248,8 @@ class Worker:
                 # within the liveness grace of the first, or its tasks are taken for lost.
                 delay = min(delay * 2, 1.0)
 
-    def _busy(self, is_async: bool) -> int:
-        return sum(1 for h in self.held.values() if (h.prep.is_async if h.prep else h.claimed.is_async) == is_async)
-
-    def _claim_limits(self) -> tuple[int, int]:
-        """How many sync and async tasks to ask for: each kind's free slots, plus a prefetch
-        sized to how short tasks are (none while prefetched tasks were just given back).
-        Async tasks are looked for once seen, or once a poll interval."""
-        extra = 0 if self.prefetch_hold else self.prefetch.size()
-        limits = []
-        for is_async, slots in ((False, self.settings.concurrency), (True, self.settings.async_concurrency)):
-            busy = self._busy(is_async)
-            want = max(slots + extra - busy, 0)
-            # Refill early, before the prefetched tasks run out, but not one task at a time.
-            limits.append(want if busy < slots or want >= max(extra // 2, 1) else 0)
-        if not (self.async_seen or time.monotonic() >= self.next_async_probe):
-            limits[1] = 0
-        if self.settings.max_tasks is not None:
-            left = max(self.settings.max_tasks - self.claimed_total, 0)
-            limits[0] = min(limits[0], left)
-            limits[1] = min(limits[1], left - limits[0])
-        return limits[0], limits[1]
-
     def _may_claim(self) -> bool:
-        if self.stopping or self.stuck or max(self._claim_limits()) <= 0:
+        if self.stopping or self.stuck or max(self.claims.limits()) <= 0:
             return False
         return self.more_waiting or time.monotonic() >= self.next_poll
 
@@ -316,112 +284,6 @@ class Worker:
                 item = self.outcomes.get_nowait()
             except queue.Empty:
                 return
-
-    def _claim(self) -> None:
-        sync_limit, async_limit = self._claim_limits()
-        now = timezone.now()
-        lease = now + timedelta(seconds=self.options.lease)
-        self.last_claim_at = time.monotonic()
-        # Finished tasks ride on the claim: one round trip, one commit for both.
-        self.completer.flush_failures(self.conn)
-        done = self.completer.take_successes()
-        try:
-            written, claimed = sql.complete_and_claim(
-                self.conn, done, self.id, self.settings.queues, (sync_limit, async_limit), now, lease
-            )
-        except REFUSED:
-            if not done:
-                raise
-            # A result the database refused: find it, write the rest; claim next time round.
-            self.completer.isolate(self.conn, lambda batch: sql.complete(self.conn, batch))
-            return
-        if done:
-            self.completer.written(written)
-        for c in claimed:
-            self.held[c.key] = Held(c)
-        self.claimed_total += len(claimed)
-        got_async = sum(1 for c in claimed if c.is_async)
-        self.async_seen = self.async_seen or got_async > 0
-        if async_limit and not got_async:
-            self.next_async_probe = time.monotonic() + self.poll_interval
-        self.more_waiting = (sync_limit > 0 and len(claimed) - got_async >= sync_limit) or (
-            async_limit > 0 and got_async >= async_limit
-        )
-        try:
-            self._start_claimed(claimed)
-        finally:
-            # Whatever failed above, a claim is never left held without an executor.
-            self.to_hand_back.extend(k for k, h in self.held.items() if h.prep is None and k not in self.to_hand_back)
-        if not self.more_waiting:
-            self._schedule_poll()
-
-    def _start_claimed(self, claimed: list[sql.Claimed]) -> None:
-        history = self._history([c.id for c in claimed if c.attempts > 1])
-        preps: list[Prepared] = []
-        for c in claimed:
-            timeout = self.options.timeout_for(c.queue, None)
-            prep = prepare(c, self.backend.alias, self.id, history.get(c.id, ([], [])), timeout)
-            if isinstance(prep, Finished):
-                # No user code decides here (the task did not even resolve): default backoff.
-                del self.held[c.key]
-                self.completer.add(decide_retry(prep, self.options))
-            else:
-                self.async_seen = self.async_seen or prep.is_async
-                preps.append(prep)
-        self._hand_over(preps)
-
-    def _history(self, ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple[list[TaskError], list[str]]]:
-        """Earlier attempts of retried tasks, so their context and signals see them. Only
-        informative: if it cannot be read, the tasks run without it."""
-        if not ids:
-            return {}
-        try:
-            rows = sql.attempt_history(self.conn, ids)
-        except Exception as exc:  # noqa: BLE001
-            event(logger, logging.WARNING, f"could not read earlier attempts: {exc!r}", worker=self.id)
-            return {}
-        out = {}
-        for task_id, found in rows.items():
-            errors = [TaskError(exception_class_path=path, traceback=text) for path, text, _w in found]
-            out[task_id] = (errors, [worker for _p, _t, worker in found])
-        return out
-
-    def _schedule_poll(self) -> None:
-        """Sleep until the next poll, or until the earliest scheduled task is due."""
-        wait = self.poll_interval
-        earliest = sql.earliest_ready(self.conn, self.settings.queues)
-        if earliest is not None:
-            wait = min(wait, max((earliest - timezone.now()).total_seconds(), 0.001))
-        retry_in = self.completer.retry_due - time.monotonic()
-        if retry_in > 0:  # a retry this worker scheduled comes due sooner
-            wait = min(wait, retry_in)
-        self.next_poll = time.monotonic() + wait
-
-    def _hand_over(self, preps: list[Prepared]) -> None:
-        """Give claimed tasks to their executor: as many as the kind has free slots, then
-        prefetched ones only if their path is known to be short. The rest go straight back,
-        so one worker never hoards what another could run now."""
-        assert self.sync is not None and self.aio is not None
-        extra = 0 if self.prefetch_hold else self.prefetch.size()
-        new = {p.key for p in preps}
-        room = {}
-        for is_async, slots in ((False, self.settings.concurrency), (True, self.settings.async_concurrency)):
-            busy = sum(1 for k, h in self.held.items() if h.prep and h.prep.is_async == is_async and k not in new)
-            room[is_async] = (slots - busy, extra)
-        back = []
-        for prep in preps:
-            free, prefetch = room[prep.is_async]
-            if free > 0:
-                room[prep.is_async] = (free - 1, prefetch)
-            elif prefetch > 0 and self.prefetch.short(prep.claimed.task_path):
-                room[prep.is_async] = (free, prefetch - 1)
-            else:
-                back.append(prep)
-                continue
-            self.held[prep.key].prep = prep
-            (self.aio if prep.is_async else self.sync).submit(prep)
-        if back:  # left without prep: _claim sets them aside for _hand_back
-            self.prefetch_hold = True
 
     def _record(self, finished: Finished) -> None:
         held = self.held.pop(finished.key, None)

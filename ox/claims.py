@@ -1,0 +1,173 @@
+"""Claiming: how many tasks of each kind to ask for, the claim itself (with finished tasks
+riding on it), and handing what was claimed to the executors, so that a claim is never left
+held without an executor and one worker never hoards what another could run now."""
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from django.tasks.base import TaskError
+from django.utils import timezone
+
+from ox import sql
+from ox.completer import REFUSED
+from ox.execution import Finished, Prepared, decide_retry, prepare
+from ox.logs import event
+
+if TYPE_CHECKING:
+    from ox.worker import Worker
+
+logger = logging.getLogger("ox.worker")
+
+
+@dataclass
+class Held:
+    """A claim this worker holds a lease on: being prepared, or handed to an executor."""
+
+    claimed: sql.Claimed
+    prep: Prepared | None = None
+    interrupted_at: float | None = None  # monotonic
+    lost: bool = False
+
+
+class Claims:
+    def __init__(self, worker: "Worker") -> None:
+        self.w = worker
+
+    def busy(self, is_async: bool) -> int:
+        w = self.w
+        return sum(1 for h in w.held.values() if (h.prep.is_async if h.prep else h.claimed.is_async) == is_async)
+
+    def limits(self) -> tuple[int, int]:
+        """How many sync and async tasks to ask for: each kind's free slots, plus a prefetch
+        sized to how short tasks are (none while prefetched tasks were just given back).
+        Async tasks are looked for once seen, or once a poll interval."""
+        w = self.w
+        extra = 0 if w.prefetch_hold else w.prefetch.size()
+        limits = []
+        for is_async, slots in ((False, w.settings.concurrency), (True, w.settings.async_concurrency)):
+            busy = self.busy(is_async)
+            want = max(slots + extra - busy, 0)
+            # Refill early, before the prefetched tasks run out, but not one task at a time.
+            limits.append(want if busy < slots or want >= max(extra // 2, 1) else 0)
+        if not (w.async_seen or time.monotonic() >= w.next_async_probe):
+            limits[1] = 0
+        if w.settings.max_tasks is not None:
+            left = max(w.settings.max_tasks - w.claimed_total, 0)
+            limits[0] = min(limits[0], left)
+            limits[1] = min(limits[1], left - limits[0])
+        return limits[0], limits[1]
+
+    def claim(self) -> None:
+        w = self.w
+        sync_limit, async_limit = self.limits()
+        now = timezone.now()
+        lease = now + timedelta(seconds=w.options.lease)
+        w.last_claim_at = time.monotonic()
+        # Finished tasks ride on the claim: one round trip, one commit for both.
+        w.completer.flush_failures(w.conn)
+        done = w.completer.take_successes()
+        try:
+            written, claimed = sql.complete_and_claim(
+                w.conn, done, w.id, w.settings.queues, (sync_limit, async_limit), now, lease
+            )
+        except REFUSED:
+            if not done:
+                raise
+            # A result the database refused: find it, write the rest; claim next time round.
+            w.completer.isolate(w.conn, lambda batch: sql.complete(w.conn, batch))
+            return
+        if done:
+            w.completer.written(written)
+        for c in claimed:
+            w.held[c.key] = Held(c)
+        w.claimed_total += len(claimed)
+        got_async = sum(1 for c in claimed if c.is_async)
+        w.async_seen = w.async_seen or got_async > 0
+        if async_limit and not got_async:
+            w.next_async_probe = time.monotonic() + w.poll_interval
+        w.more_waiting = (sync_limit > 0 and len(claimed) - got_async >= sync_limit) or (
+            async_limit > 0 and got_async >= async_limit
+        )
+        try:
+            self._start(claimed)
+        finally:
+            # Whatever failed above, a claim is never left held without an executor.
+            w.to_hand_back.extend(k for k, h in w.held.items() if h.prep is None and k not in w.to_hand_back)
+        if not w.more_waiting:
+            self._schedule_poll()
+
+    def _start(self, claimed: list[sql.Claimed]) -> None:
+        w = self.w
+        history = self._history([c.id for c in claimed if c.attempts > 1])
+        preps: list[Prepared] = []
+        for c in claimed:
+            timeout = w.options.timeout_for(c.queue, None)
+            prep = prepare(c, w.backend.alias, w.id, history.get(c.id, ([], [])), timeout)
+            if isinstance(prep, Finished):
+                # No user code decides here (the task did not even resolve): default backoff.
+                del w.held[c.key]
+                w.completer.add(decide_retry(prep, w.options))
+            else:
+                w.async_seen = w.async_seen or prep.is_async
+                preps.append(prep)
+        self._hand_over(preps)
+
+    def _history(self, ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple[list[TaskError], list[str]]]:
+        """Earlier attempts of retried tasks, so their context and signals see them. Only
+        informative: if it cannot be read, the tasks run without it."""
+        w = self.w
+        if not ids:
+            return {}
+        try:
+            rows = sql.attempt_history(w.conn, ids)
+        except Exception as exc:  # noqa: BLE001
+            event(logger, logging.WARNING, f"could not read earlier attempts: {exc!r}", worker=w.id)
+            return {}
+        out = {}
+        for task_id, found in rows.items():
+            errors = [TaskError(exception_class_path=path, traceback=text) for path, text, _w in found]
+            out[task_id] = (errors, [worker for _p, _t, worker in found])
+        return out
+
+    def _schedule_poll(self) -> None:
+        """Sleep until the next poll, or until the earliest scheduled task is due."""
+        w = self.w
+        wait = w.poll_interval
+        earliest = sql.earliest_ready(w.conn, w.settings.queues)
+        if earliest is not None:
+            wait = min(wait, max((earliest - timezone.now()).total_seconds(), 0.001))
+        retry_in = w.completer.retry_due - time.monotonic()
+        if retry_in > 0:  # a retry this worker scheduled comes due sooner
+            wait = min(wait, retry_in)
+        w.next_poll = time.monotonic() + wait
+
+    def _hand_over(self, preps: list[Prepared]) -> None:
+        """Give claimed tasks to their executor: as many as the kind has free slots, then
+        prefetched ones only if their path is known to be short. The rest go straight back,
+        so one worker never hoards what another could run now."""
+        w = self.w
+        assert w.sync is not None and w.aio is not None
+        extra = 0 if w.prefetch_hold else w.prefetch.size()
+        new = {p.key for p in preps}
+        room = {}
+        for is_async, slots in ((False, w.settings.concurrency), (True, w.settings.async_concurrency)):
+            busy = sum(1 for k, h in w.held.items() if h.prep and h.prep.is_async == is_async and k not in new)
+            room[is_async] = (slots - busy, extra)
+        back = []
+        for prep in preps:
+            free, prefetch = room[prep.is_async]
+            if free > 0:
+                room[prep.is_async] = (free - 1, prefetch)
+            elif prefetch > 0 and w.prefetch.short(prep.claimed.task_path):
+                room[prep.is_async] = (free, prefetch - 1)
+            else:
+                back.append(prep)
+                continue
+            w.held[prep.key].prep = prep
+            (w.aio if prep.is_async else w.sync).submit(prep)
+        if back:  # left without prep: _claim sets them aside for _hand_back
+            w.prefetch_hold = True
