@@ -138,7 +138,7 @@ def running_result(
     __init__ normalizes args through JSON again, and these just came out of JSON."""
     result = object.__new__(TaskResult)
     for name, value in (
-        ("task", with_row_settings(task, claimed.priority, claimed.queue, claimed.scheduled_for)),
+        ("task", with_row_settings(task, claimed.priority, claimed.queue, claimed.scheduled_for, backend_alias)),
         ("id", str(claimed.id)),
         ("status", TaskResultStatus.READY),  # RUNNING once its body starts (started())
         ("enqueued_at", claimed.enqueued_at),
@@ -222,6 +222,8 @@ def _finish_value(prep: Prepared, started: datetime, value: Any) -> Finished:
     except NotStorable as exc:
         # The body ran to the end; running it again would return the same value.
         finished = _finish_error(prep, started, exc, Outcome.FAILED)
+        if exc.__cause__ is not None:  # what Django's backends record: normalize_json's TypeError
+            finished.exception_class_path = class_path(type(exc.__cause__))
         finished.retryable = False
         return finished
     return Finished(

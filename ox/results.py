@@ -35,10 +35,10 @@ def resolve_task(task_path: str) -> DjangoTask:
     return task
 
 
-def with_row_settings(task: DjangoTask, priority: int, queue: str, run_after: Any) -> DjangoTask:
+def with_row_settings(task: DjangoTask, priority: int, queue: str, run_after: Any, backend: str) -> DjangoTask:
     """The task as it was enqueued. Built without re-validating: the row exists whatever the
     settings say today (a queue removed since, say)."""
-    if (task.priority, task.queue_name, task.run_after) == (priority, queue, run_after):
+    if (task.priority, task.queue_name, task.run_after, task.backend) == (priority, queue, run_after, backend):
         return task
     copy = object.__new__(type(task))
     for f in fields(task):
@@ -46,6 +46,7 @@ def with_row_settings(task: DjangoTask, priority: int, queue: str, run_after: An
     object.__setattr__(copy, "priority", priority)
     object.__setattr__(copy, "queue_name", queue)
     object.__setattr__(copy, "run_after", run_after)
+    object.__setattr__(copy, "backend", backend)
     return copy
 
 
@@ -80,8 +81,9 @@ def errors_and_workers(row: TaskRow, attempts: list[Attempt]) -> tuple[list[Task
 def ready_result(row: Any, task: DjangoTask, backend_alias: str) -> TaskResult:
     """The TaskResult of a task just enqueued (row: an ox.sql.NewTask). Built field by field:
     TaskResult's __init__ would walk the arguments through JSON again."""
-    if row.scheduled_for is not None or (task.priority, task.queue_name) != (row.priority, row.queue):
-        task = with_row_settings(task, row.priority, row.queue, row.scheduled_for)
+    enqueued_as = (row.priority, row.queue, backend_alias)
+    if row.scheduled_for is not None or (task.priority, task.queue_name, task.backend) != enqueued_as:
+        task = with_row_settings(task, row.priority, row.queue, row.scheduled_for, backend_alias)
     result = object.__new__(TaskResult)
     put = object.__setattr__  # frozen dataclass: how its own __init__ sets fields
     put(result, "task", task)
@@ -105,7 +107,7 @@ def build_result(
 ) -> TaskResult:
     if task is None:
         task = resolve_task(row.task_path)
-    task = with_row_settings(task, row.priority, row.queue, row.scheduled_for)
+    task = with_row_settings(task, row.priority, row.queue, row.scheduled_for, backend_alias)
     errors, worker_ids = errors_and_workers(row, attempts)
     status = STATUS_FOR_DJANGO[Status(row.status)]
     last_attempted_at = row.last_attempted_at

@@ -36,7 +36,7 @@ def return_json(value: Any) -> str:
         # ensure_ascii=False: a lone surrogate stays raw, so encoding finds it below.
         text = json.dumps(normalized, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
-        raise NotStorable(f"the return value cannot be stored as JSON: {exc}") from None
+        raise NotStorable(f"the return value cannot be stored as JSON: {exc}") from exc
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
