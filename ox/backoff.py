@@ -9,6 +9,7 @@ from django.tasks import Task as DjangoTask
 from django.tasks import TaskResult
 
 from ox.conf import OxOptions
+from ox.exceptions import TaskInterrupt
 
 MAX_DELAY = 10 * 365 * 86400.0  # seconds; a datetime cannot go much further anyway
 
@@ -39,7 +40,9 @@ def retry_delay(
         return default_delay(attempt, options), ""
     try:
         value = custom(exc, result)
-    except Exception as policy_exc:  # noqa: BLE001
+    except TaskInterrupt:
+        raise
+    except BaseException as policy_exc:  # noqa: BLE001  (SystemExit from a policy is its bug, not a shutdown)
         return default_delay(attempt, options), f"backoff raised {_short(policy_exc)}; used the default delay"
     if value is None:
         return None, ""

@@ -13,8 +13,8 @@ from django.tasks.base import TaskError
 from django.utils import timezone
 
 from ox import sql
-from ox.completer import REFUSED
-from ox.execution import Finished, Prepared, decide_retry, prepare
+from ox.completer import refused
+from ox.execution import Finished, Prepared, decide_retry, prepare, unrunnable
 from ox.logs import event
 
 if TYPE_CHECKING:
@@ -74,8 +74,8 @@ class Claims:
             written, claimed = sql.complete_and_claim(
                 w.conn, done, w.id, w.settings.queues, (sync_limit, async_limit), now, lease
             )
-        except REFUSED:
-            if not done:
+        except Exception as exc:
+            if not (done and refused(exc)):
                 raise
             # A result the database refused: find it, write the rest; claim next time round.
             w.completer.isolate(w.conn, lambda batch: sql.complete(w.conn, batch))
@@ -92,21 +92,31 @@ class Claims:
         w.more_waiting = (sync_limit > 0 and len(claimed) - got_async >= sync_limit) or (
             async_limit > 0 and got_async >= async_limit
         )
+        gave_back = True
         try:
-            self._start(claimed)
+            gave_back = self._start(claimed)
         finally:
             # Whatever failed above, a claim is never left held without an executor.
             w.to_hand_back.extend(k for k, h in w.held.items() if h.prep is None and k not in w.to_hand_back)
-        if not w.more_waiting:
+        if gave_back:
+            # What went back would come straight back: claim again when a slot frees (or at
+            # the next poll), never in a claim/hand-back loop.
+            w.gave_back, w.more_waiting = True, False
+            w.next_poll = time.monotonic() + w.poll_interval
+        elif not w.more_waiting:
             self._schedule_poll()
 
-    def _start(self, claimed: list[sql.Claimed]) -> None:
+    def _start(self, claimed: list[sql.Claimed]) -> bool:
+        """Prepare and hand over; True if some claims had to go back."""
         w = self.w
         history = self._history([c.id for c in claimed if c.attempts > 1])
         preps: list[Prepared] = []
         for c in claimed:
             timeout = w.options.timeout_for(c.queue, None)
-            prep = prepare(c, w.backend.alias, w.id, history.get(c.id, ([], [])), timeout)
+            try:
+                prep = prepare(c, w.backend.alias, w.id, history.get(c.id, ([], [])), timeout)
+            except Exception as exc:  # noqa: BLE001  (one odd row never stops the others)
+                prep = unrunnable(c, f"the task could not be prepared: {exc!r}", retryable=True, cause=exc)
             if isinstance(prep, Finished):
                 # No user code decides here (the task did not even resolve): default backoff.
                 del w.held[c.key]
@@ -114,7 +124,7 @@ class Claims:
             else:
                 w.async_seen = w.async_seen or prep.is_async
                 preps.append(prep)
-        self._hand_over(preps)
+        return self._hand_over(preps)
 
     def _history(self, ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple[list[TaskError], list[str]]]:
         """Earlier attempts of retried tasks, so their context and signals see them. Only
@@ -137,7 +147,10 @@ class Claims:
         """Sleep until the next poll, or until the earliest scheduled task is due."""
         w = self.w
         wait = w.poll_interval
-        earliest = sql.earliest_ready(w.conn, w.settings.queues)
+        # Only the kinds there is room for: a due async task behind full async slots must
+        # not wake a worker whose free slots are sync ones, again and again.
+        sync_room, async_room = self.limits()
+        earliest = sql.earliest_ready(w.conn, w.settings.queues, (sync_room > 0, async_room > 0))
         if earliest is not None:
             wait = min(wait, max((earliest - timezone.now()).total_seconds(), 0.001))
         retry_in = w.completer.retry_due - time.monotonic()
@@ -145,7 +158,7 @@ class Claims:
             wait = min(wait, retry_in)
         w.next_poll = time.monotonic() + wait
 
-    def _hand_over(self, preps: list[Prepared]) -> None:
+    def _hand_over(self, preps: list[Prepared]) -> bool:
         """Give claimed tasks to their executor: as many as the kind has free slots, then
         prefetched ones only if their path is known to be short. The rest go straight back,
         so one worker never hoards what another could run now."""
@@ -169,5 +182,6 @@ class Claims:
                 continue
             w.held[prep.key].prep = prep
             (w.aio if prep.is_async else w.sync).submit(prep)
-        if back:  # left without prep: _claim sets them aside for _hand_back
+        if back:  # left without prep: claim() sets them aside for _hand_back
             w.prefetch_hold = True
+        return bool(back)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from django.db import DataError, IntegrityError
+from django.db import DataError, IntegrityError, OperationalError
 from django.tasks import TaskResultStatus
 
 from ox import sql
@@ -27,6 +27,19 @@ logger = logging.getLogger("ox.worker")
 
 # What a statement fails with when a row's content is the problem (not the connection).
 REFUSED = (DataError, IntegrityError, ValueError, TypeError, OverflowError)
+# A --batch worker waits for the retries it scheduled only if they are due this soon.
+BATCH_RETRY_HORIZON = 60.0
+CLASS_PATH_MAX = 255  # ox_attempt.exception_class_path
+
+
+def refused(exc: BaseException) -> bool:
+    """Did the database refuse a statement for what was in it (rather than lose the
+    connection)? PostgreSQL's "program limit exceeded" (SQLSTATE class 54: a value or a
+    statement too big) arrives as an OperationalError but is about the content."""
+    if isinstance(exc, REFUSED):
+        return True
+    sqlstate = getattr(exc.__cause__, "sqlstate", None) or ""
+    return isinstance(exc, OperationalError) and sqlstate.startswith("54")
 
 
 class Completer:
@@ -99,7 +112,9 @@ class Completer:
         def attempt(part: list[Finished]) -> None:
             try:
                 written.update(write(_completions(part)))
-            except REFUSED as exc:
+            except Exception as exc:
+                if not refused(exc):
+                    raise
                 if len(part) == 1:
                     refused.append((part[0], exc))
                     return
@@ -119,6 +134,7 @@ class Completer:
         if finished.retry_in is not None and finished.kind != Outcome.CANCELLED:
             retry_at = finished.finished_at + timedelta(seconds=finished.retry_in)
         note = f"\n[ox] {finished.note}\n" if finished.note else ""
+        path = storable_text(finished.exception_class_path)
         failure = sql.Failure(
             id=claimed.id,
             fence=claimed.fence,
@@ -127,21 +143,32 @@ class Completer:
             started_at=finished.started_at,
             finished_at=finished.finished_at,
             outcome=finished.kind,
-            exception_class_path=storable_text(finished.exception_class_path),
+            exception_class_path=path if len(path) <= CLASS_PATH_MAX else path[: CLASS_PATH_MAX - 3] + "...",
             traceback=storable_text(finished.traceback + note),
             retry_at=retry_at,
         )
         try:
             status = sql.fail(conn, failure)
-        except REFUSED as exc:
+        except Exception as exc:
+            if not refused(exc):
+                raise
             # The error text itself was refused: keep what can be stored of it.
-            failure.traceback = f"[ox] the database refused this attempt's traceback: {storable_text(repr(exc))}"
-            failure.exception_class_path = failure.exception_class_path.encode("ascii", "replace").decode()
-            status = sql.fail(conn, failure)
+            failure.traceback = f"[ox] the database refused this attempt's traceback: {storable_text(repr(exc))[:2000]}"
+            failure.exception_class_path = failure.exception_class_path.encode("ascii", "replace").decode()[:100]
+            try:
+                status = sql.fail(conn, failure)
+            except Exception as again:
+                if not refused(again):
+                    raise
+                # Nothing of it can be stored: the lease runs out and the rescuer records the
+                # attempt as lost. Better than a worker that writes nothing else, ever.
+                message = f"could not record this attempt's failure at all: {again!r}; left to the rescuer"
+                event(logger, logging.ERROR, message, **task_fields(claimed), worker=self.worker_id)
+                return
         if status is None:
             self._fenced(finished)
             return
-        if status == "READY" and retry_at is not None:
+        if status == "READY" and retry_at is not None and (finished.retry_in or 0) <= BATCH_RETRY_HORIZON:
             self.retry_due = max(self.retry_due, time.monotonic() + (finished.retry_in or 0))
         text = finished.traceback.strip()
         last_line = storable_text(text.splitlines()[-1] if text else finished.kind)

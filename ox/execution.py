@@ -50,7 +50,7 @@ class Prepared:
 class Finished:
     claimed: Claimed
     kind: str  # SUCCESSFUL or an ox.models.Outcome value
-    started_at: datetime
+    started_at: datetime | None  # None: the body never started (skipped, cancelled first)
     finished_at: datetime
     return_json: str = "null"
     exception_class_path: str = ""
@@ -175,8 +175,8 @@ def prepare(
         kwargs = json.loads(claimed.kwargs_json)
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             raise ValueError("args must be a JSON array and kwargs a JSON object")
-    except ValueError as exc:
-        return unrunnable(claimed, f"The stored arguments do not decode: {exc}")
+    except (ValueError, RecursionError, MemoryError) as exc:  # RecursionError: nested too deep
+        return unrunnable(claimed, f"The stored arguments do not decode: {exc!r}")
     errors, previous_workers = history
     result = running_result(
         info.task, claimed, args, kwargs, backend_alias, list(errors), [*previous_workers, worker_id]
@@ -196,7 +196,9 @@ def misfit(prep: Prepared, exc: BaseException) -> Finished | None:
     """A TypeError raised by the call itself, before any line of the function ran: the
     stored arguments no longer fit its signature. Permanent, so no retry."""
     if isinstance(exc, TypeError) and exc.__traceback__ is not None and exc.__traceback__.tb_next is None:
-        return unrunnable(prep.claimed, f"The stored arguments no longer fit {prep.claimed.task_path}: {exc}")
+        finished = unrunnable(prep.claimed, f"The stored arguments no longer fit {prep.claimed.task_path}: {exc}")
+        finished.task, finished.result = prep.task, prep.result  # task_finished is sent for it
+        return finished
     return None
 
 
@@ -372,6 +374,8 @@ class AsyncRunner:
             try:
                 async with asyncio.timeout(prep.timeout) as scope:
                     outcome = await inner
+                if scope.expired():  # the task swallowed the cancellation and returned late
+                    raise TimeoutError
             except TimeoutError:
                 if not scope.expired():
                     raise

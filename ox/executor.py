@@ -17,7 +17,7 @@ from typing import Any
 
 from ox.conf import OxOptions
 from ox.exceptions import TaskCancelled, TaskInterrupt
-from ox.execution import AsyncRunner, Finished, Prepared, run_sync, unrunnable
+from ox.execution import AsyncRunner, Finished, Prepared, decide_retry, run_sync, unrunnable
 from ox.interrupt import Interrupter
 from ox.models import Outcome
 
@@ -33,7 +33,7 @@ def skipped(prep: Prepared, kind: str) -> Finished:
         return Finished(
             claimed=prep.claimed,
             kind=Outcome.CANCELLED,
-            started_at=now,
+            started_at=None,  # its body never ran
             finished_at=now,
             exception_class_path="ox.exceptions.TaskCancelled",
             traceback="ox.exceptions.TaskCancelled: cancelled before it started\n",
@@ -102,9 +102,11 @@ class _Executor:
         return self.tracker.mark_skip(key, SKIPPED)
 
 
-def _crashed(prep: Prepared, exc: BaseException) -> Finished:
+def _crashed(prep: Prepared, exc: BaseException, options: OxOptions) -> Finished:
     # ox's own code failed around the task (not the task): report it, never go silent.
-    return unrunnable(prep.claimed, f"the worker failed while running the task: {exc!r}", retryable=True, cause=exc)
+    finished = unrunnable(prep.claimed, f"the worker failed while running the task: {exc!r}", retryable=True, cause=exc)
+    finished.task, finished.result = prep.task, prep.result
+    return decide_retry(finished, options)
 
 
 class SyncExecutor(_Executor):
@@ -147,10 +149,10 @@ class SyncExecutor(_Executor):
         try:
             finished = run_sync(prep, self.interrupter, self.sender, self.options)
         except BaseException as exc:  # noqa: BLE001
-            finished = _crashed(prep, exc)
+            finished = _crashed(prep, exc, self.options)
         finally:
             self.tracker.end(key)
-            self.outcomes.put(finished if finished is not None else _crashed(prep, RuntimeError("no outcome")))
+            self.outcomes.put(finished or _crashed(prep, RuntimeError("no outcome"), self.options))
 
     def _interrupt_running(self, key: Key, exc_type: type[TaskInterrupt]) -> bool:
         return self.interrupter.interrupt(key, exc_type)
@@ -165,6 +167,8 @@ class SyncExecutor(_Executor):
                 return taken
             if prep is not None:
                 taken.append(prep)
+                with self.tracker.lock:
+                    self.tracker.skip.pop(prep.key, None)
 
     def stop(self) -> None:
         for _ in self.threads:
@@ -216,12 +220,12 @@ class AsyncExecutor(_Executor):
             try:
                 finished = await self.runner.run(prep, self.sender, self.options)
             except BaseException as exc:  # noqa: BLE001
-                finished = _crashed(prep, exc)
+                finished = _crashed(prep, exc, self.options)
                 if isinstance(exc, asyncio.CancelledError):
                     raise
             finally:
                 self.tracker.end(key)
-                self.outcomes.put(finished if finished is not None else _crashed(prep, RuntimeError("no outcome")))
+                self.outcomes.put(finished or _crashed(prep, RuntimeError("no outcome"), self.options))
 
     def submit(self, prep: Prepared) -> None:
         self.waiting_preps[prep.key] = prep

@@ -88,15 +88,21 @@ class Leases:
         out = []
         window = w.options.prefetch_window
         waiting = w.sync.waiting() > 0
+        assert w.aio is not None
+        waiting_async = w.aio.waiting() > 0
         for key, held in w.held.items():
             if held.prep is None:
                 continue
-            started = w.sync.started_at(key) if not held.prep.is_async else None
+            executor = w.aio if held.prep.is_async else w.sync
+            started = executor.started_at(key)
+            if started is None:
+                continue  # an unstarted task that was cancelled just skips: nothing to wait for
             if held.interrupted_at is not None:
                 out.append(held.interrupted_at + w.options.interrupt_grace)
-            elif started is not None and held.prep.timeout:
-                out.append(started + held.prep.timeout)
-            if started is not None and waiting and window is not None:
+            elif held.prep.timeout:
+                grace = w.options.interrupt_grace if held.prep.is_async else 0.0
+                out.append(started + held.prep.timeout + grace)
+            if window is not None and (waiting_async if held.prep.is_async else waiting):
                 out.append(started + window)
         return out
 
@@ -117,23 +123,35 @@ class Leases:
                 started = w.sync.started_at(key)
                 if started is not None and now >= started + held.prep.timeout:
                     w.interrupt(key, TaskTimeout)
-        self._give_back_hoarded(now)
+            elif held.prep.timeout:
+                # The event loop cancels an async task at its timeout; one that swallows the
+                # cancellation and runs on is stuck like a thread that ignores its interrupt.
+                started = w.aio.started_at(key)
+                late = held.prep.timeout + w.options.interrupt_grace
+                if started is not None and not w.stuck and now - started > late:
+                    w.stuck = True
+                    message = "async task ran on past its timeout; the worker stops claiming and will exit"
+                    event(logger, logging.ERROR, message, **task_fields(held.claimed), worker=w.id)
+        self._give_back_hoarded(now, is_async=False)
+        self._give_back_hoarded(now, is_async=True)
 
-    def _give_back_hoarded(self, now: float) -> None:
-        """Every task thread is busy with a task past the prefetch window, and prefetched
+    def _give_back_hoarded(self, now: float, is_async: bool) -> None:
+        """Every slot of a kind is busy with a task past the prefetch window, and prefetched
         tasks wait behind them: give those back, another worker may be idle."""
         w = self.w
-        assert w.sync is not None
+        executor = w.aio if is_async else w.sync
+        assert executor is not None
         window = w.options.prefetch_window
-        if window is None or w.stopping or w.sync.waiting() == 0:
+        if window is None or w.stopping or executor.waiting() == 0:
             return
-        running = [(key, w.sync.started_at(key)) for key, h in w.held.items() if h.prep and not h.prep.is_async]
-        started = [(key, at) for key, at in running if at is not None]
-        if len(started) < w.settings.concurrency or any(now - at <= window for _key, at in started):
+        slots = w.settings.async_concurrency if is_async else w.settings.concurrency
+        mine = [key for key, h in w.held.items() if h.prep and h.prep.is_async == is_async]
+        started = [(key, at) for key in mine if (at := executor.started_at(key)) is not None]
+        if len(started) < slots or any(now - at <= window for _key, at in started):
             return
         for key, at in started:
             w.prefetch.running_long(w.held[key].claimed.task_path, now - at)
-        taken = w.sync.take_back()
+        taken = executor.take_back()
         if taken:
             w.to_hand_back.extend(p.key for p in taken if p.key not in w.to_hand_back)
             w.prefetch_hold = True

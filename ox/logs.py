@@ -14,4 +14,7 @@ def event(logger: logging.Logger, level: int, message: str, *, exc_info: bool = 
     if not logger.isEnabledFor(level):
         return
     text = " ".join([message, *(f"{k}={v}" for k, v in fields.items())])
-    logger.log(level, "%s", text, extra={f"ox_{k}": v for k, v in fields.items()}, exc_info=exc_info)
+    try:
+        logger.log(level, "%s", text, extra={f"ox_{k}": v for k, v in fields.items()}, exc_info=exc_info)
+    except Exception:  # noqa: BLE001, S110  (a task closed stderr, say: the worker carries on unlogged)
+        pass

@@ -55,7 +55,9 @@ def cancel(task_ids: Any) -> Changed:
                 cancel_requested=Case(When(status=Status.RUNNING, then=Value(True)), default=F("cancel_requested")),
             )
         )
-        cancelled = qs.filter(status=Status.CANCELLED, finished_at=now).count() if changed else 0
+        # Counted by the timestamp just written, not through the caller's filter (which may
+        # say status=READY and no longer match what it cancelled).
+        cancelled = Task.objects.using(db).filter(status=Status.CANCELLED, finished_at=now).count() if changed else 0
     return Changed(cancelled=cancelled, cancel_requested=changed - cancelled)
 
 

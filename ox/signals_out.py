@@ -45,7 +45,7 @@ class FinishedSignals:
             finished, status = item
             try:
                 self._send(finished, status)
-            except Exception as exc:  # noqa: BLE001  (a receiver's bug is logged, nothing more)
+            except BaseException as exc:  # noqa: BLE001  (a receiver's bug, SystemExit too, is logged, nothing more)
                 message = f"a task_finished receiver raised {exc!r}"
                 event(logger, logging.ERROR, message, **task_fields(finished.claimed), worker=self.worker_id)
 

@@ -85,7 +85,7 @@ class Failure:
     fence: int
     attempt: int
     worker_id: str
-    started_at: datetime
+    started_at: datetime | None  # None: its body never started
     finished_at: datetime
     outcome: str  # an ox.models.Outcome value
     exception_class_path: str
@@ -278,14 +278,22 @@ def complete_and_claim(
     return written, _read_claimed(r[1:] for r in rows if r[0])
 
 
-def earliest_ready(conn: BaseDatabaseWrapper, queues: Sequence[str]) -> datetime | None:
-    """When the next READY task in these queues becomes due (None: none waiting)."""
-    if is_postgres(conn):
-        sql = "SELECT MIN(run_after) FROM ox_task WHERE status = 'READY' AND queue = ANY(%s)"
+def earliest_ready(
+    conn: BaseDatabaseWrapper, queues: Sequence[str], kinds: tuple[bool, bool] = (True, True)
+) -> datetime | None:
+    """When the next READY task in these queues becomes due (None: none waiting); kinds:
+    whether to look at (sync, async) tasks, the ones the worker has room to claim."""
+    pg = is_postgres(conn)
+    flags = [flag for flag, wanted in zip(("false", "true") if pg else ("0", "1"), kinds, strict=True) if wanted]
+    if not flags:
+        return None
+    kind = f" AND is_async = {flags[0]}" if len(flags) == 1 else ""
+    if pg:
+        sql = f"SELECT MIN(run_after) FROM ox_task WHERE status = 'READY' AND queue = ANY(%s){kind}"
         params: list[object] = [list(queues)]
     else:
         marks = ", ".join(["%s"] * len(queues))
-        sql = f"SELECT MIN(run_after) FROM ox_task WHERE status = 'READY' AND queue IN ({marks})"
+        sql = f"SELECT MIN(run_after) FROM ox_task WHERE status = 'READY' AND queue IN ({marks}){kind}"
         params = list(queues)
     with conn.cursor() as cursor:
         cursor.execute(sql, params)

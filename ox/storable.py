@@ -25,6 +25,9 @@ def storable_text(text: str) -> str:
     return text.replace("\x00", "\\x00")
 
 
+MAX_RESULT_CHARS = 64 * 1024 * 1024  # a jsonb value holds at most 255 MB; a batch far less
+
+
 def return_json(value: Any) -> str:
     """The JSON text stored for a task's return value: Django's normalize_json() (tuples
     become lists), then JSON (int keys become strings), as Django's database backends store
@@ -37,6 +40,9 @@ def return_json(value: Any) -> str:
         text = json.dumps(normalized, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise NotStorable(f"the return value cannot be stored as JSON: {exc}") from exc
+    if len(text) > MAX_RESULT_CHARS:
+        size = f"{len(text):,} characters of JSON"
+        raise NotStorable(f"the return value is {size}; ox stores at most {MAX_RESULT_CHARS:,}")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -76,6 +76,7 @@ class Worker:
         self.held: dict[Key, Held] = {}
         self.to_hand_back: list[Key] = []  # claims that could not be handed to an executor
         self.prefetch_hold = False  # prefetched tasks were given back: claim for free slots only
+        self.gave_back = False  # a claim had to give tasks back: claim again once a slot frees
         self.claimed_total = 0
         self.stopping = False
         self.stop_deadline: float | None = None
@@ -176,9 +177,22 @@ class Worker:
         if self.settings.max_tasks is not None and self.claimed_total >= self.settings.max_tasks and not busy:
             return True
         if self.settings.batch and not busy and not self.more_waiting:
-            # ...and the last claim came after the retries this worker scheduled were due.
-            return self.last_claim_at >= self.completer.retry_due
+            # ...and the last claim came after the retries this worker scheduled were due,
+            # and nothing is due (tasks given back, say, are claimed first).
+            if self.last_claim_at < self.completer.retry_due:
+                return False
+            if self._due_waiting():
+                self.more_waiting = True
+                return False
+            return True
         return False
+
+    def _due_waiting(self) -> bool:
+        try:
+            earliest = sql.earliest_ready(self.conn, self.settings.queues)
+        except DatabaseError:
+            return True  # cannot tell: carry on (the loop reconnects)
+        return earliest is not None and earliest <= timezone.now()
 
     def _finish(self) -> int:
         try:
@@ -275,6 +289,7 @@ class Worker:
             if item is _NOTIFIED:
                 self.notified.clear()
                 self.more_waiting = True
+                self.next_async_probe = 0.0  # what was enqueued may be async
             elif item is _STARTED:
                 self.start_seen.clear()
                 self.next_heartbeat = min(self.next_heartbeat, time.monotonic() + START_MARK_DELAY)
@@ -289,9 +304,13 @@ class Worker:
         held = self.held.pop(finished.key, None)
         if finished.kind == SKIPPED or held is None:
             return
-        self.prefetch.observe(finished.claimed.task_path, (finished.finished_at - finished.started_at).total_seconds())
+        if finished.started_at is not None:
+            seconds = (finished.finished_at - finished.started_at).total_seconds()
+            self.prefetch.observe(finished.claimed.task_path, seconds)
         if held.prep is None or not held.prep.is_async:
             self.prefetch_hold = False  # a slot is free: claim for it (and prefetch) again
+        if self.gave_back:
+            self.gave_back, self.more_waiting = False, True
         self.completer.add(finished)
         if len(self.completer.successes) >= self.options.completion_batch:
             self._guard(lambda: self.completer.flush(self.conn))
@@ -308,7 +327,9 @@ class Worker:
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + self.options.heartbeat
             self.leases.heartbeat()
-        if now >= self.next_rescue and now - self.reconnected_at >= self.options.liveness_grace:
+        if now >= self.next_rescue and now - self.reconnected_at < self.options.liveness_grace:
+            self.next_rescue = self.reconnected_at + self.options.liveness_grace
+        elif now >= self.next_rescue:
             self.next_rescue = now + self.options.rescue_interval
             if self.leases.rescue():
                 # A worker was just found without its lock: look again when its grace is up.
@@ -337,7 +358,6 @@ class Worker:
         for key in taken:
             self.held.pop(key, None)
         self.claimed_total -= len(taken)
-        self.more_waiting = self.more_waiting or not self.prefetch_hold
         if self.stopping:
             event(logger, logging.INFO, "handed back claimed tasks that had not started", count=count, worker=self.id)
 

@@ -3,6 +3,24 @@
 from django.db import migrations, models
 
 
+def kind_from_task_path(apps, schema_editor):
+    # Rows from before this migration: is_async comes from the task's function, for the
+    # tasks not yet finished (a path that no longer imports stays sync: it will fail anyway).
+    import inspect
+
+    from django.utils.module_loading import import_string
+
+    Task = apps.get_model("ox", "Task")
+    rows = Task.objects.using(schema_editor.connection.alias).filter(status__in=["READY", "RUNNING"])
+    for path in rows.values_list("task_path", flat=True).distinct().order_by():
+        try:
+            is_async = inspect.iscoroutinefunction(import_string(path).func)
+        except Exception:  # noqa: BLE001
+            continue
+        if is_async:
+            rows.filter(task_path=path).update(is_async=True)
+
+
 def scheduled_from_run_after(apps, schema_editor):
     # Rows from before this migration: a task never attempted whose run_after differs from
     # its enqueue time was deferred by the caller.
@@ -43,4 +61,5 @@ class Migration(migrations.Migration):
             index=models.Index(models.F('queue'), models.F('is_async'), models.OrderBy(models.F('priority'), descending=True), models.F('run_after'), models.F('id'), condition=models.Q(('status', 'READY')), name='ox_task_ready_claim'),
         ),
         migrations.RunPython(scheduled_from_run_after, migrations.RunPython.noop),
+        migrations.RunPython(kind_from_task_path, migrations.RunPython.noop),
     ]
