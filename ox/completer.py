@@ -107,7 +107,7 @@ class Completer:
         until the refused rows are found, fail those tasks, write the rest."""
         batch = self.successes
         written: set[Any] = set()
-        refused: list[tuple[Finished, Exception]] = []
+        poison: list[tuple[Finished, Exception]] = []
 
         def attempt(part: list[Finished]) -> None:
             try:
@@ -116,7 +116,7 @@ class Completer:
                 if not refused(exc):
                     raise
                 if len(part) == 1:
-                    refused.append((part[0], exc))
+                    poison.append((part[0], exc))
                     return
                 middle = len(part) // 2
                 attempt(part[:middle])
@@ -124,7 +124,7 @@ class Completer:
 
         attempt(batch)
         self.written(written)
-        for finished, exc in refused:
+        for finished, exc in poison:
             self.failures.append(_refused(finished, exc))
         self.flush_failures(conn)
 

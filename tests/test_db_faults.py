@@ -70,3 +70,22 @@ def test_postgres_restart_mid_drain(start_worker):
     assert_all_done(600)
     assert worker.proc.poll() is None, worker.output()
     assert "reconnected" in worker.output()
+
+
+@pytest.mark.skipif(not os.path.isdir("/etc/postgresql"), reason="needs a local Debian PostgreSQL cluster")
+def test_postgres_restart_with_tasks_in_flight_reruns_nothing(start_worker):
+    # Every session (every worker's liveness lock) dies with the server. Workers back within
+    # the liveness grace of each other keep their tasks: nothing is rescued, nothing re-run.
+    from ox.models import Attempt, Outcome
+
+    results = [tasks.record_then_sleep.enqueue(f"flight{i}", 6.0) for i in range(4)]
+    workers = [start_worker("--concurrency", "2") for _ in range(2)]
+    wait_until(lambda: Ledger.objects.filter(key__startswith="flight").count() == 4, timeout=30)
+    connection.close()
+    restart_postgres()
+    connection.close()
+    wait_until(lambda: all(Task.objects.get(pk=r.id).status == Status.SUCCESSFUL for r in results), timeout=60)
+    outputs = [w.output() for w in workers]
+    assert not Attempt.objects.filter(outcome=Outcome.LOST).exists(), outputs
+    assert Ledger.objects.filter(key__startswith="flight").count() == 4, outputs
+    assert all(w.proc.poll() is None for w in workers), outputs
