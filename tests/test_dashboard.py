@@ -1,15 +1,18 @@
 """The dashboard through Django's test client: access, every page and partial, filters."""
 
+import re
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
 from django.utils import timezone
 
+from dashboard.views.workers import workers
+from ox import stats
 from ox.models import Attempt, Outcome, Status, Task, Worker
-from tests.test_dashboard_support import make_task, operator_fixture, staff_fixture  # noqa: F401
+from tests.test_dashboard_support import make_task, operator_fixture, render_at, staff_fixture  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 
@@ -209,16 +212,30 @@ def test_running_lists_leases(client, operator):
 
 
 def test_workers_live_and_stale(client, staff):
-    now = timezone.now()
+    # A fixed clock for the rows and the page: "live" means a heartbeat within three heartbeat
+    # intervals (9 s here) of the page's now, so a wall-clock page rendered on a slow machine
+    # could see live-1 go stale. The view and ox.stats.workers() both take the clock.
+    now = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
+    stale_after = stats.STALE_HEARTBEATS * stats.heartbeat_interval()
     Worker.objects.create(id="live-1", host="h", pid=1, started_at=now, heartbeat_at=now)
+    edge = now - timedelta(seconds=stale_after)  # exactly at the limit: still live
+    Worker.objects.create(id="live-2", host="h", pid=5, started_at=now, heartbeat_at=edge)
     Worker.objects.create(id="stale-1", host="h", pid=2, started_at=now, heartbeat_at=now - timedelta(minutes=5))
     Worker.objects.create(id="stopped-1", host="h", pid=3, started_at=now, heartbeat_at=now, stopped_at=now)
     long_ago = now - timedelta(days=2)
     Worker.objects.create(id="ancient", host="h", pid=4, started_at=now, heartbeat_at=long_ago, stopped_at=long_ago)
     make_task(Status.RUNNING, worker_id="live-1")
-    response = client.get(reverse("dashboard:workers"))
-    states = {s.worker.id: (s.state, s.in_flight) for s in response.context["workers"]}
-    assert states == {"live-1": ("live", 1), "stale-1": ("stale", 0), "stopped-1": ("stopped", 0)}
+    states = {s.worker.id: (s.state, s.in_flight) for s in stats.workers(now)}
+    assert states == {
+        "live-1": ("live", 1),
+        "live-2": ("live", 0),
+        "stale-1": ("stale", 0),
+        "stopped-1": ("stopped", 0),
+    }
+    body = render_at(workers, staff, now, reverse("dashboard:workers"))
+    rows = re.findall(r'<tr class="worker-(\w+)">\s*<td class="mono">([^<]+)</td>', body)
+    assert {worker_id: state for state, worker_id in rows} == {w: s for w, (s, _n) in states.items()}
+    assert '<p class="count" data-count="2">2 live</p>' in body
 
 
 def test_filter_form_labels(client, staff):

@@ -2,8 +2,7 @@
 PostgreSQL health from ox.tablehealth.table_health(), each a polled partial."""
 
 import re
-import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import User
@@ -14,19 +13,22 @@ from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 
+from dashboard.views.health import health
 from ox.connection import open_worker_connection
 from ox.models import Task
 from ox.periodic import Ticker, schedule_status
 from ox.schedules import parse_schedule
 from ox.tablehealth import table_health
+from tests.helpers import wait_until
 from tests.settings import TASKS
-from tests.test_dashboard_support import staff_fixture  # noqa: F401
+from tests.test_dashboard_support import render_at, staff_fixture  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 postgres_only = pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL statistics")
 sqlite_only = pytest.mark.skipif(connection.vendor != "sqlite", reason="the SQLite message")
 
 URL = reverse("dashboard:health")
+NOW = datetime(2026, 3, 10, 12, 0, 30, tzinfo=UTC)  # the fixed clock of the schedule tests
 HX = {"HX-Request": "true"}
 
 
@@ -93,9 +95,12 @@ def test_no_schedules_configured(client, staff):
 
 
 def test_schedules_with_last_and_next_tick_and_the_missed_badge(client, staff):
-    now = timezone.now()
-    # Hourly at a minute half an hour away from now: its due tick is ~30 min old whatever the
-    # clock says, so one left unrecorded is overdue (ox counts a tick missed after 60 s).
+    # One fixed clock for firing, schedule_status() and the rendering: what the row says is
+    # then exact, however slow the machine. (With the wall clock, an every-60 s schedule's
+    # next tick can be under a second away and read "now" or lie in the past by render time.)
+    now = NOW
+    # Hourly at a minute half an hour away: its due tick (11:30) is 30.5 min old at NOW, so one
+    # left unrecorded is overdue (ox counts a tick missed after 60 s).
     hourly_spec = {"task": "tests.tasks.echo", "cron": f"{(now.minute + 30) % 60} * * * *", "args": [1]}
     beat_spec = {"task": "tests.tasks.echo", "every": 60, "args": ["hi"]}
     with override_settings(TASKS=tasks_with(SCHEDULES={"beat": beat_spec, "hourly": hourly_spec})):
@@ -103,10 +108,10 @@ def test_schedules_with_last_and_next_tick_and_the_missed_badge(client, staff):
         beat, hourly = parse_schedule("beat", beat_spec), parse_schedule("hourly", hourly_spec)
         ticker.fire(connection, beat, beat.latest_tick(now), now)  # on time
         ticker.fire(connection, hourly, hourly.latest_tick(now) - timedelta(hours=2), now)  # stale
-        status = {s.name: s for s in schedule_status()}
+        status = {s.name: s for s in schedule_status(now)}
         assert status["beat"].missed is False and status["hourly"].missed is True
 
-        body = client.get(f"{URL}?part=schedules", headers=HX).content.decode()
+        body = render_at(health, staff, now, f"{URL}?part=schedules")
 
     beat_row, hourly_row = row(body, "beat"), row(body, "hourly")
     assert "tests.tasks.echo" in beat_row and "every 60s" in beat_row
@@ -117,9 +122,24 @@ def test_schedules_with_last_and_next_tick_and_the_missed_badge(client, staff):
         task_id = status[name].last_task_id
         assert Task.objects.filter(pk=task_id).exists()
         assert f'href="{reverse("dashboard:task", args=[task_id])}"' in row(body, name)
-    # Last tick with the absolute instant in its title; the next tick in the future.
-    assert f'title="{status["beat"].last_tick_at.isoformat(timespec="milliseconds")}"' in beat_row
-    assert re.search(r">in [^<]+</time>", beat_row)
+    # Last tick 12:00:00 with the absolute instant in its title, 30 s before NOW; the next tick
+    # 12:01:00, 30 s after it (the view read the injected clock, not the wall clock).
+    last = status["beat"].last_tick_at
+    assert last == datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
+    assert f'title="{last.isoformat(timespec="milliseconds")}">30 s ago</time>' in beat_row
+    assert 'title="2026-03-10T12:01:00.000+00:00">in 30 s</time>' in beat_row
+    assert 'title="2026-03-10T12:30:00.000+00:00">in 29 min</time>' in hourly_row
+
+
+def test_without_an_injected_clock_the_page_reads_the_wall_clock(client, staff):
+    # The URL never passes `now`: the page renders at the real time.
+    spec = {"task": "tests.tasks.echo", "every": 3600}
+    with override_settings(TASKS=tasks_with(SCHEDULES={"slow": spec})):
+        before = timezone.now()
+        body = client.get(f"{URL}?part=schedules", headers=HX).content.decode()
+        after = timezone.now()
+    nxt = datetime.fromisoformat(re.findall(r'<time datetime="([^"]+)"', row(body, "slow"))[-1])
+    assert parse_schedule("slow", spec).next_tick(before) <= nxt <= parse_schedule("slow", spec).next_tick(after)
 
 
 def test_schedules_partial_query_count(client, staff, django_assert_max_num_queries):
@@ -169,7 +189,12 @@ def test_postgres_warns_about_an_old_open_transaction(client, staff):
             cursor.execute("SELECT count(*) FROM ox_task")  # takes the snapshot that pins xmin
             cursor.execute("SELECT pg_backend_pid()")
             pid = cursor.fetchone()[0]
-            time.sleep(0.3)
+
+            def flagged() -> bool:  # older than the 0.1 s asked for below: wait for it, no guessed sleep
+                oldest = table_health(max_xact_age=0.1).oldest_transaction
+                return oldest is not None and oldest.pid == pid and oldest.age_seconds > 0.1
+
+            wait_until(flagged, timeout=10)
             with override_settings(TASKS=tasks_with(HEALTH_MAX_XACT_AGE=0.1)):
                 warned = client.get(f"{URL}?part=table", headers=HX).content.decode()
             calm = client.get(f"{URL}?part=table", headers=HX).content.decode()  # default: one hour

@@ -46,10 +46,14 @@ def test_leases_soonest_first():
 
 
 def test_id_floor_orders_like_enqueue_time():
+    # Bracket the id's minting between two clock reads rather than guess how long it took
+    # (a one-second guess fails on a loaded machine). id_floor() floors to the millisecond;
+    # 2 ms above `after` stays above the id's millisecond whatever the float rounding.
+    before = timezone.now()
     task = make_task()
+    after = timezone.now()
     row = Task.objects.get(pk=task.pk)
-    moment = timezone.now() - timedelta(seconds=1)
-    assert stats.id_floor(moment) < row.pk < stats.id_floor(moment + timedelta(minutes=1))
+    assert stats.id_floor(before) < row.pk < stats.id_floor(after + timedelta(milliseconds=2))
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="query plans are PostgreSQL's")

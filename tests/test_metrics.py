@@ -1,13 +1,14 @@
 """/ox/metrics: bearer token or staff login, Prometheus text format 0.0.4, real counts."""
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import override_settings
 from django.utils import timezone
 
+from ox.metrics import WINDOW, render_metrics
 from ox.models import Attempt, Outcome, Status, Task
 from tests import tasks
 
@@ -71,20 +72,23 @@ def test_post_is_refused(admin_client):
 
 
 def test_format_and_values(admin_client):
+    # The numbers are read at one fixed `now` (render_metrics takes the clock): ages and the
+    # recent windows are then exact instead of "about 90 s, give or take the machine's speed".
+    now = timezone.now()
     tasks.echo.enqueue(1)
     tasks.echo.enqueue(2)
     tasks.other_queue.using(run_after=timedelta(hours=1)).enqueue()
-    Task.objects.filter(queue="default").update(run_after=timezone.now() - timedelta(seconds=90))
+    Task.objects.filter(queue="default").update(run_after=now - timedelta(seconds=90))
     done = tasks.echo.enqueue(3)
-    Task.objects.filter(pk=done.id).update(status=Status.SUCCESSFUL, finished_at=timezone.now())
+    Task.objects.filter(pk=done.id).update(status=Status.SUCCESSFUL, finished_at=now)
     failed = tasks.echo.enqueue(4)
-    Task.objects.filter(pk=failed.id).update(status=Status.FAILED, finished_at=timezone.now())
+    Task.objects.filter(pk=failed.id).update(status=Status.FAILED, finished_at=now)
     row = Task.objects.get(pk=failed.id)
-    Attempt.objects.create(task=row, number=1, finished_at=timezone.now(), outcome=Outcome.TIMED_OUT)
+    Attempt.objects.create(task=row, number=1, finished_at=now - WINDOW, outcome=Outcome.TIMED_OUT)  # the edge: in
     Attempt.objects.create(
-        task=row, number=0, finished_at=timezone.now() - timedelta(hours=1), outcome=Outcome.FAILED
+        task=row, number=0, finished_at=now - WINDOW - timedelta(seconds=1), outcome=Outcome.FAILED
     )  # outside the window
-    text = admin_client.get(URL).content.decode()
+    text = render_metrics(now=now)
     samples = parse(text)
 
     def value(name, **labels):
@@ -93,7 +97,7 @@ def test_format_and_values(admin_client):
     assert value("ox_tasks", queue="default", status="READY") == 2
     assert value("ox_tasks", queue="other", status="SCHEDULED") == 1
     assert value("ox_tasks", queue="emails", status="RUNNING") == 0
-    assert 89 <= value("ox_oldest_ready_age_seconds", queue="default") < 150
+    assert value("ox_oldest_ready_age_seconds", queue="default") == 90
     assert value("ox_tasks_finished_recent", queue="default", status="SUCCESSFUL") == 1
     assert value("ox_tasks_finished_recent", queue="default", status="FAILED") == 1
     assert value("ox_attempts_failed_recent", outcome="timed_out") == 1
@@ -101,6 +105,10 @@ def test_format_and_values(admin_client):
     assert value("ox_workers", state="alive") == 0
     assert "# HELP ox_tasks " in text and "# TYPE ox_tasks gauge" in text
     assert text.endswith("\n")
+    # The view serves the same families and series, read at the wall clock.
+    served = admin_client.get(URL).content.decode()
+    assert parse(served).keys() == samples.keys()
+    assert served.endswith("\n")
 
 
 @override_settings(
@@ -113,10 +121,16 @@ def test_format_and_values(admin_client):
     }
 )
 def test_schedules_are_exported(admin_client):
-    samples = parse(admin_client.get(URL).content.decode())
+    # At a fixed now the next tick is exact; the wall clock could sit a millisecond before a
+    # tick, which is in the past by the time the test reads the clock again.
+    now = datetime(2026, 3, 10, 12, 0, 30, tzinfo=UTC)
+    samples = parse(render_metrics(now=now))
     next_tick = samples[("ox_schedule_next_tick_timestamp_seconds", frozenset({("schedule", "beat")}))]
-    assert timezone.now().timestamp() < next_tick <= timezone.now().timestamp() + 60
+    assert next_tick == datetime(2026, 3, 10, 12, 1, tzinfo=UTC).timestamp()
     assert samples[("ox_schedule_missed", frozenset({("schedule", "beat")}))] == 0
+    assert samples[("ox_schedule_last_tick_timestamp_seconds", frozenset({("schedule", "beat")}))] == 0  # none yet
+    served = parse(admin_client.get(URL).content.decode())
+    assert ("ox_schedule_next_tick_timestamp_seconds", frozenset({("schedule", "beat")})) in served
 
 
 def test_label_values_are_escaped():

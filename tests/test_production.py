@@ -146,6 +146,10 @@ def test_gunicorn_and_worker_from_the_entrypoint(tmp_path, processes):
     assert status == 200 and headers["Content-Encoding"] == "gzip"
     assert "immutable" in headers["Cache-Control"] or "max-age=315360000" in headers["Cache-Control"]
 
+    # The task proves one child worker is up, not both: wait for the second one to have started
+    # (on a busy machine it can still be importing Django), or the SIGTERM below would reach a
+    # child that has not set its signal handlers yet and the supervisor would not exit 0.
+    wait_until(lambda: worker.output().count("worker started") >= 2, timeout=60, interval=0.2)
     assert web.stop() == 0, web.output()
     assert worker.stop() == 0, worker.output()
     # OX_LOG_FORMAT=json: the worker's log lines are JSON a collector can parse.

@@ -1,6 +1,7 @@
 """Retention: prune_tasks per status and age, in batches, dry run; the workers' pruning duty."""
 
 import json
+import re
 import signal
 from datetime import timedelta
 from io import StringIO
@@ -128,7 +129,13 @@ def test_bad_arguments(args, fragment):
 def test_pruner_duty_respects_its_interval_and_budget():
     make(Status.SUCCESSFUL, timedelta(days=2), n=5)
     pruner = Pruner({"SUCCESSFUL": timedelta(days=1)}, interval=3600, batch_size=2)
-    pruner.run(connection, timezone.now())
+    # A round stops after DUTY_BUDGET seconds and carries on at the next call, so on a busy
+    # machine the five rows may take more than one call; the round that ends it is complete
+    # (its last batch is short) and sets the next round an interval away.
+    for _ in range(10):  # a call runs at least one batch unless stalled: 2 + 2 + 1 takes three
+        pruner.run(connection, timezone.now())
+        if not Task.objects.exists():
+            break
     assert not Task.objects.exists()
     make(Status.SUCCESSFUL, timedelta(days=2), n=1)
     pruner.run(connection, timezone.now())  # not due again for an hour
@@ -168,4 +175,6 @@ def test_a_real_worker_prunes_with_its_duty(start_worker):
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0, worker.output()
     assert counts()["FAILED"] == 2
-    assert "pruned 5 finished tasks" in worker.output()
+    # One round, or several if a busy machine ran one past its DUTY_BUDGET: five in all.
+    pruned = [int(n) for n in re.findall(r"pruned (\d+) finished tasks", worker.output())]
+    assert sum(pruned) == 5, worker.output()

@@ -1,3 +1,5 @@
+from datetime import datetime
+
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
@@ -7,8 +9,9 @@ from ox import stats
 
 
 @staff_required
-def workers(request: HttpRequest) -> HttpResponse:
-    now = timezone.now()
+def workers(request: HttpRequest, now: datetime | None = None) -> HttpResponse:
+    """`now`: the clock the page is rendered at (tests pass a fixed one; a URL never does)."""
+    now = now or timezone.now()
     states = stats.workers(now)
     context = {
         "workers": states,

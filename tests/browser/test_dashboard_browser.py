@@ -15,7 +15,7 @@ from playwright.sync_api import expect
 from ox.models import Status, Task
 from ox.periodic import Ticker
 from ox.schedules import parse_schedule
-from tests import tasks
+from tests import gated_tasks, tasks
 from tests.browser import tasks as browser_tasks
 from tests.browser.conftest import PASSWORD, log_in, screenshot
 from tests.settings import TASKS
@@ -30,9 +30,12 @@ def tile(page, stat: str) -> int:
     return int(page.locator(f'.tiles [data-stat="{stat}"]').inner_text())
 
 
-def test_login_then_overview_follows_a_worker_draining(page, operator, start_worker):
+def test_login_then_overview_follows_a_worker_draining(page, operator, start_worker, tmp_path):
+    # The tasks hold their slots until the page has shown the drain half done: the overview
+    # polls every 2 s, and a drain of fixed sleeps can end between two polls on a busy machine.
+    gate = tmp_path / "gate"
     for i in range(40):
-        tasks.sleep_for.enqueue(0.15)
+        gated_tasks.hold.enqueue(f"d{i}", str(gate))
     log_in(page, "operator")
     expect(page).to_have_url(re.compile(r"^http://[^/]+/$"))
     expect(page.locator("h1")).to_have_text("Overview")
@@ -42,9 +45,12 @@ def test_login_then_overview_follows_a_worker_draining(page, operator, start_wor
 
     worker = start_worker("--concurrency", "2")
     seen = set()
-    deadline = time.monotonic() + 40
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        seen.add(tile(page, "ready"))
+        ready = tile(page, "ready")
+        seen.add(ready)
+        if 0 < ready < 40:
+            gate.touch()  # the page showed the worker part way (38 ready while 2 run): let it finish
         if tile(page, "finished_1h") == 40:
             break
         page.wait_for_timeout(200)
@@ -108,9 +114,12 @@ def test_cancel_a_running_task(page, operator, start_worker):
     assert task.cancel_requested
 
     page.goto(f"/tasks/{result.id}/")
-    # The worker interrupts it at its next heartbeat (about 3 s).
+    # The worker interrupts it at its next heartbeat; the detail page polls every 2 s. Ten
+    # heartbeats (30 s at the default 3 s) leave a busy machine room, and the 60 s body would
+    # still be running well past that if the cancel were never seen.
+    heartbeat = task_backends["default"].config.heartbeat
     status = expect(page.locator("#task-status"), "the worker did not interrupt the task: " + worker.output()[-2000:])
-    status.to_have_text("cancelled", timeout=20_000)
+    status.to_have_text("cancelled", timeout=10 * heartbeat * 1000)
     expect(page.locator("#attempt-1")).to_contain_text("cancelled")
 
 
