@@ -15,7 +15,6 @@ from django.utils import timezone
 from ox import sql
 from ox.completer import refused
 from ox.execution import Finished, Prepared, decide_retry, prepare, unrunnable
-from ox.logs import event
 
 if TYPE_CHECKING:
     from ox.worker import Worker
@@ -127,16 +126,13 @@ class Claims:
         return self._hand_over(preps)
 
     def _history(self, ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple[list[TaskError], list[str]]]:
-        """Earlier attempts of retried tasks, so their context and signals see them. Only
-        informative: if it cannot be read, the tasks run without it."""
+        """Earlier attempts of retried tasks, so their context (its attempt number) and
+        signals see them. If they cannot be read (the connection dropped), this raises: the
+        claim's tasks go back unstarted rather than run with a wrong attempt number."""
         w = self.w
         if not ids:
             return {}
-        try:
-            rows = sql.attempt_history(w.conn, ids)
-        except Exception as exc:  # noqa: BLE001
-            event(logger, logging.WARNING, f"could not read earlier attempts: {exc!r}", worker=w.id)
-            return {}
+        rows = sql.attempt_history(w.conn, ids)
         out = {}
         for task_id, found in rows.items():
             errors = [TaskError(exception_class_path=path, traceback=text) for path, text, _w in found]
