@@ -685,7 +685,7 @@ def register_worker(conn: BaseDatabaseWrapper, row: WorkerRow) -> None:
     with conn.cursor() as cursor:
         cursor.execute(
             "INSERT INTO ox_worker (id, host, pid, queues, concurrency, lock_key, started_at, heartbeat_at)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",  # a retried start
             [row.id, row.host, row.pid, json.dumps(row.queues), row.concurrency, row.lock_key, ts, ts],
         )
 

@@ -120,19 +120,22 @@ class Worker:
         return code
 
     def _start(self) -> None:
-        self._connect()
-        sql.register_worker(
-            self.conn,
-            sql.WorkerRow(
-                id=self.id,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                queues=self.settings.queues,
-                concurrency=self.settings.concurrency,
-                lock_key=self.lock_key if sql.is_postgres(self.conn) else 0,
-                now=timezone.now(),
-            ),
-        )
+        # A database that drops the connection while the worker boots (a restart, a
+        # terminated backend) delays the start; it does not end the worker.
+        delay = 0.2
+        for _try in range(1_000_000):
+            try:
+                if self.conn is not None:
+                    self.conn.close()
+                self._connect()
+                self._register()
+                break
+            except (OperationalError, InterfaceError) as exc:
+                if self.stopping:
+                    raise
+                event(logger, logging.WARNING, f"database error while starting, retrying: {exc}", worker=self.id)
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
         # The main thread's own Django connection is not needed again: do not hold it open.
         connections[self.alias].close()
         self.duties = [(duty, [0.0]) for duty in worker_duties(self)]
@@ -150,6 +153,20 @@ class Worker:
             queues=",".join(self.settings.queues),
             concurrency=self.settings.concurrency,
             worker=self.id,
+        )
+
+    def _register(self) -> None:
+        sql.register_worker(
+            self.conn,
+            sql.WorkerRow(
+                id=self.id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                queues=self.settings.queues,
+                concurrency=self.settings.concurrency,
+                lock_key=self.lock_key if sql.is_postgres(self.conn) else 0,
+                now=timezone.now(),
+            ),
         )
 
     def _on_notify(self) -> None:
