@@ -126,7 +126,7 @@ class Worker:
         for _try in range(1_000_000):
             try:
                 if self.conn is not None:
-                    self.conn.close()
+                    self._close_quietly()
                 self._connect()
                 self._register()
                 break
@@ -154,6 +154,12 @@ class Worker:
             concurrency=self.settings.concurrency,
             worker=self.id,
         )
+
+    def _close_quietly(self) -> None:
+        try:
+            self.conn.close()
+        except DatabaseError:
+            pass
 
     def _register(self) -> None:
         sql.register_worker(
@@ -261,11 +267,8 @@ class Worker:
         event(logger, logging.WARNING, f"database error, reconnecting: {reason}", worker=self.id)
         delay = 0.2
         while True:
-            try:
-                if self.conn is not None:
-                    self.conn.close()
-            except DatabaseError:
-                pass
+            if self.conn is not None:
+                self._close_quietly()
             try:
                 self._connect()
                 self.reconnected, self.reconnected_at = True, time.monotonic()
