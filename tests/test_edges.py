@@ -323,3 +323,33 @@ def test_a_worker_whose_idle_connections_are_cut_keeps_every_task_moving(start_w
     wait_until(lambda: row(later).status == Status.SUCCESSFUL, timeout=30)
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0, worker.output()
+
+
+# ---------------------------------------------------------------- Django's contract
+
+
+def test_get_result_task_keeps_its_run_after_through_failures_and_retries():
+    later = timezone.now() + timezone.timedelta(seconds=1)
+    task = tasks.fail_until_third.using(run_after=later)
+    r = task.enqueue("deferred")
+    now = later + timezone.timedelta(seconds=1)
+    (c,) = sql.claim(connection, "w", ["default"], 1, now, now + timezone.timedelta(minutes=1))
+    retry_at = now + timezone.timedelta(seconds=30)
+    sql.fail(connection, sql.Failure(c.id, c.fence, 1, "w", now, now, "failed", "x.Y", "tb", retry_at))
+    assert row(r).run_after == retry_at  # the row's next due time moved...
+    fetched = task_backends["default"].get_result(r.id)
+    assert fetched.task.run_after == later and fetched.task == task  # ...the task's run_after did not
+    ox.cancel(r.id)
+    ox.retry(r.id)
+    assert task_backends["default"].get_result(r.id).task == task
+
+
+def test_validate_task_checks_supports_defer_for_a_timedelta_too():
+    from ox.backend import OxBackend
+
+    class NoDefer(OxBackend):
+        supports_defer = False
+
+    backend = NoDefer("nodefer", {"QUEUES": ["default"], "OPTIONS": {}})
+    with pytest.raises(ox.exceptions.InvalidTask, match="run_after"):
+        backend.validate_task(tasks.echo.using(run_after=timezone.timedelta(minutes=1)))
