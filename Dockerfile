@@ -7,7 +7,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     DJANGO_DEBUG=0 \
     DJANGO_STATIC_ROOT=/app/staticfiles \
-    OX_VAR_DIR=/app/var
+    OX_VAR_DIR=/app/var \
+    OX_BIND=0.0.0.0:8000
 
 WORKDIR /app
 

@@ -51,7 +51,9 @@ class Run:
 
     @property
     def environment_summary(self) -> list[tuple[str, str]]:
-        """One line per top-level entry: nested settings collapse to "key value, ..." pairs."""
+        """One line per top-level entry: nested settings collapse to "key value, ..." pairs.
+        Paths inside the project read relative to it (a run records its interpreter's path)."""
+        project = f"{Path(settings.BASE_DIR).resolve()}/"
         lines = []
         for key, value in self.environment.items():
             if isinstance(value, dict):
@@ -61,6 +63,7 @@ class Run:
                 text = ", ".join(map(str, value))
             else:
                 text = str(value)
+            text = text.replace(project, "")
             lines.append((str(key), text if len(text) <= 160 else text[:157] + "..."))
         return lines
 
@@ -73,6 +76,16 @@ class Run:
 def results_dir() -> Path:
     default = Path(settings.BASE_DIR) / "bench" / "results"
     return Path(getattr(settings, "OX_BENCH_RESULTS_DIR", default))
+
+
+def results_dir_label() -> str:
+    """Where the results are, as the page says it: relative to the project, never the server's
+    absolute path (which tells a visitor the host's layout and user names)."""
+    directory = results_dir()
+    try:
+        return directory.resolve().relative_to(Path(settings.BASE_DIR).resolve()).as_posix()
+    except (OSError, ValueError):
+        return "the folder in settings.OX_BENCH_RESULTS_DIR"
 
 
 def _number(value: Any) -> float | None:

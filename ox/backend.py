@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.core.exceptions import ImproperlyConfigured
 from django.tasks import Task as DjangoTask
 from django.tasks import TaskResult
 from django.tasks.backends.base import BaseTaskBackend
@@ -27,7 +28,22 @@ class OxBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
-        self.config = OxOptions.from_dict(self.options)
+        # Django's own check_tasks builds every backend before any check runs: raising here
+        # would crash `manage.py check` with a traceback instead of ox.E001-E003. The error
+        # is kept and raised on first use (a worker, an enqueue), and ox.checks reports it.
+        self._config: OxOptions | None = None
+        self.config_error: ImproperlyConfigured | None = None
+        try:
+            self._config = OxOptions.from_dict(self.options)
+        except ImproperlyConfigured as exc:
+            self.config_error = exc
+
+    @property
+    def config(self) -> OxOptions:
+        if self._config is None:
+            assert self.config_error is not None
+            raise ImproperlyConfigured(f"TASKS[{self.alias!r}]: {self.config_error}") from self.config_error
+        return self._config
 
     def validate_task(self, task: DjangoTask) -> None:
         if isinstance(task.run_after, timedelta):

@@ -1,5 +1,6 @@
 """Prometheus metrics (text exposition format 0.0.4) at /ox/metrics, for a bearer token
-(settings.OX_METRICS_TOKEN, else the OX_METRICS_TOKEN environment variable) or a staff login.
+(settings.OX_METRICS_TOKEN, else the OX_METRICS_TOKEN environment variable) or the login of a
+staff user who may view tasks.
 
 Counts come from the database at scrape time, so every web process reports the same
 numbers. Finished tasks and failed attempts are counted over a recent window (indexed
@@ -21,6 +22,7 @@ from django.views.decorators.http import require_GET
 from ox.health import queue_counts, worker_counts
 from ox.models import FINISHED, Attempt, Outcome, Task
 from ox.periodic import schedule_status
+from ox.stats import each_status
 from ox.tablehealth import table_health
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -72,7 +74,7 @@ def render_metrics(now: datetime | None = None, using: str | None = None) -> str
     attempts = Attempt.objects.using(using) if using else Attempt.objects.all()
     since = now - WINDOW
     finished = (
-        tasks.filter(status__in=FINISHED, finished_at__gte=since)
+        tasks.filter(each_status(FINISHED), finished_at__gte=since)
         .values("queue", "status")
         .annotate(n=Count("pk"))
         .order_by()
@@ -186,14 +188,18 @@ def _token() -> str:
 
 
 def _authorized(request: HttpRequest) -> bool | None:
-    """True: let in. False: known but not allowed (403). None: not authenticated (401)."""
+    """True: let in. False: known but not allowed (403). None: not authenticated (401).
+    A session counts when it may view tasks, as in the admin: active staff with ox.view_task
+    (or ox.change_task); queue names and counts are task data."""
     token = _token()
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
     if token and scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
         return True
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
-        return bool(user.is_staff)
+        return bool(
+            user.is_active and user.is_staff and (user.has_perm("ox.view_task") or user.has_perm("ox.change_task"))
+        )
     return None
 
 
@@ -206,5 +212,5 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         response["WWW-Authenticate"] = 'Bearer realm="ox metrics"'
         return response
     if not allowed:
-        return HttpResponse("staff only\n", status=403, content_type="text/plain")
+        return HttpResponse("staff with ox.view_task only\n", status=403, content_type="text/plain")
     return HttpResponse(render_metrics(), content_type=CONTENT_TYPE)

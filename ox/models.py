@@ -81,6 +81,29 @@ class Task(models.Model):
                 name="ox_task_status_finished",
                 condition=Q(status__in=["SUCCESSFUL", "FAILED", "CANCELLED"]),
             ),
+            # The task list filtered by task path, newest first, over finished rows (0004 made
+            # it with plain SQL; declared here since 0008, so SQLite's table rebuilds keep it).
+            models.Index(
+                fields=["task_path", "id"],
+                name="ox_task_done_path",
+                condition=Q(status__in=["SUCCESSFUL", "FAILED", "CANCELLED"]),
+            ),
+            # Failed and cancelled tasks of a queue, newest first (the task list), and "retry
+            # all N matching" counts from the index alone (0004; (status, queue, id) since 0008).
+            models.Index(
+                fields=["status", "queue", "id"],
+                name="ox_task_failed_queue",
+                condition=Q(status__in=["FAILED", "CANCELLED"]),
+            ),
+            # The task list and the admin filtered by queue, newest first, over finished rows
+            # (READY and RUNNING rows come from the claim and lease indexes): without it, a
+            # queue that matches nothing is a scan of the whole history. Partial, so enqueues
+            # and claims never write it; a completion adds one entry.
+            models.Index(
+                fields=["queue", "id"],
+                name="ox_task_done_queue",
+                condition=Q(status__in=["SUCCESSFUL", "FAILED", "CANCELLED"]),
+            ),
         ]
         constraints = [
             models.CheckConstraint(

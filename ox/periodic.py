@@ -8,9 +8,10 @@ loses the race inserts nothing and enqueues nothing; a rolled-back enqueue leave
 Missed ticks (no worker ran at the time): when a worker finds the latest due tick was not
 fired, it fires that one tick once, however late, and records on its row how many older
 ticks were skipped (`missed`); older ticks never run. With `"missed": "skip"` a tick found
-more than LATE_AFTER past its time is recorded (task_id NULL) and not run. A schedule seen
-for the first time (no tick rows yet) starts with its next tick, unless its latest tick is
-within LATE_AFTER.
+more than LATE_AFTER past its time is recorded (task_id NULL) and not run. A schedule with
+no tick rows yet (just added, or never fired) starts with its next tick, however recent its
+latest one: otherwise any `every` of 60 s or less, or `* * * * *`, would fire the moment it
+is added, and a schedule's first run would depend on when a worker happened to look.
 
 The dashboard reads `schedule_status()`.
 """
@@ -65,7 +66,7 @@ class Ticker:
                 continue
             if schedule.name not in self.known:
                 last = last_tick_at(conn, schedule.name)
-                if (last is None and now - due > LATE_AFTER) or (last is not None and last >= due):
+                if last is None or last >= due:
                     self.known[schedule.name] = max(due, last or due)
                     continue
             before = self.known.get(schedule.name)

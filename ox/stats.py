@@ -6,6 +6,7 @@ partial claim index, RUNNING rows the partial lease index, and recent outcomes a
 """
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -15,12 +16,31 @@ from django.tasks import task_backends
 from django.utils import timezone
 
 from ox.backend import OxBackend
-from ox.models import Attempt, Status, Task, Worker
+from ox.models import FINISHED, Attempt, Status, Task, Worker
 from ox.results import attempts_to_load
 
 WINDOW = timedelta(hours=1)  # throughput, failure rate and the per-minute chart
 FAILED_WINDOW = timedelta(hours=24)
 STALE_HEARTBEATS = 3  # a worker this many heartbeat intervals silent is stale
+
+# "Any status", spelled so that each arm matches one partial index's predicate: finished rows
+# (ox_task_done_path, ox_task_done_queue, ox_task_status_finished), READY rows (the claim index)
+# and RUNNING rows (the lease index). AND-ed with a filter on a column those indexes cover, the
+# planner ORs three index scans instead of reading the whole table; the clause is always true,
+# so no row is lost. (`status IN ('READY', 'RUNNING')` would imply neither partial predicate.)
+ANY_STATUS = Q(status__in=FINISHED) | Q(status=Status.READY) | Q(status=Status.RUNNING)
+
+
+def each_status(statuses: Iterable[str]) -> Q:
+    """`status IN statuses` as one equality per status. For every finished status at once this
+    matters: ox_task_status_finished's predicate already says `status IN (all finished)`, so
+    PostgreSQL drops that IN list from the index condition, and a range on finished_at (the
+    second column) then walks the whole index. One equality per status keeps the status in the
+    condition: three short range scans."""
+    q = Q()
+    for status in statuses:
+        q |= Q(status=status)
+    return q
 
 
 @dataclass
@@ -214,6 +234,12 @@ def attempts_of(task: Task) -> list[Attempt]:
     if not attempts_to_load(task):
         return []
     return list(task.failed_attempts.order_by("number", "id"))
+
+
+# How far an id's embedded timestamp may sit from enqueued_at (both are taken at enqueue, a few
+# statements apart): an enqueue-time range on the primary key is widened by this, and the exact
+# enqueued_at condition applied as well.
+ID_CLOCK_SLACK = timedelta(minutes=1)
 
 
 def id_floor(moment: datetime) -> uuid.UUID:

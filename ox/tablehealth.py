@@ -24,7 +24,9 @@ class OldestTransaction:
     xmin_age: int | None  # transactions since its snapshot's xmin (None: no snapshot)
     state: str
     application_name: str
-    query: str  # first 200 characters of its current or last statement
+    # No statement text: pg_stat_activity.query holds other sessions' SQL with its literal
+    # values (session keys, passwords in an ALTER ROLE, customer data). Age, pid, state and
+    # application are enough to find the session and end it.
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ STATS_SQL = """
 # Sessions of this database with a transaction open: their snapshot pins what VACUUM keeps.
 OLDEST_SQL = """
     SELECT pid, EXTRACT(EPOCH FROM (now() - xact_start)), age(backend_xmin), state,
-           COALESCE(application_name, ''), LEFT(COALESCE(query, ''), 200)
+           COALESCE(application_name, '')
     FROM pg_stat_activity
     WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
       AND xact_start IS NOT NULL
@@ -109,7 +111,6 @@ def table_health(
             xmin_age=oldest[2],
             state=oldest[3] or "",
             application_name=oldest[4],
-            query=oldest[5],
         )
         if oldest
         else None,

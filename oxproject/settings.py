@@ -1,9 +1,13 @@
 """oxproject settings: DATABASE_URL picks the database, an SQLite file is the default."""
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from django.utils.csp import CSP
+
+from oxproject import security
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("OX_VAR_DIR", BASE_DIR / "var"))
@@ -16,31 +20,89 @@ def env_bool(name: str, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
-DEBUG = env_bool("DJANGO_DEBUG", True)
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG:
-        from django.core.exceptions import ImproperlyConfigured
+def env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
-        raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when DJANGO_DEBUG is off.")
-    SECRET_KEY = "insecure-development-key-only-for-debug"  # noqa: S105
 
-ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
-CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+# Off unless asked for: a server started without being told is a production server. ./run and
+# the test settings turn it on explicitly.
+DEBUG = env_bool("DJANGO_DEBUG", False)
+# var/ holds the SQLite database and the local key: this user's only (0700).
+security.private_dir(VAR_DIR)
+# With DEBUG off the key must be set and look like a secret (no placeholder, 50+ characters, not
+# a pattern); with DEBUG on and none set, a random one is kept in var/secret_key.
+SECRET_KEY = security.secret_key(os.environ.get("DJANGO_SECRET_KEY", ""), DEBUG, VAR_DIR)
 
-# Behind HTTPS (on by default with DEBUG off): the TLS proxy in front says so with
-# X-Forwarded-Proto, cookies are sent over HTTPS only, plain HTTP is redirected, HSTS is sent.
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost")
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
+
+# The proxies whose forwarded headers are believed: the same FORWARDED_ALLOW_IPS that gunicorn
+# reads (scripts/docker-entrypoint.sh passes it on). Gunicorn sets the request's scheme from
+# X-Forwarded-Proto only when the peer is one of these, so Django's SECURE_PROXY_SSL_HEADER,
+# which would believe the header from anyone who can reach the port, is not set; login
+# throttling reads X-Forwarded-For only from these (oxproject.security.client_ip).
+OX_TRUSTED_PROXIES = security.networks(os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1"))
+
+# Behind HTTPS (on by default with DEBUG off): cookies are sent over HTTPS only, plain HTTP is
+# redirected, HSTS is sent.
 SECURE = env_bool("DJANGO_SECURE", not DEBUG)
+HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", False)
+HSTS_PRELOAD = env_bool("DJANGO_HSTS_PRELOAD", False)
 if SECURE:
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_SSL_REDIRECT = env_bool("DJANGO_SSL_REDIRECT", True)
-    SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", "3600"))
-    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", False)
-    SECURE_CONTENT_TYPE_NOSNIFF = True
+    # A year, what browsers' preload lists ask for; lower it while trying HTTPS out.
+    SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", "31536000"))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = HSTS_INCLUDE_SUBDOMAINS
+    SECURE_HSTS_PRELOAD = HSTS_PRELOAD
+# Pages read the CSRF token from the template (forms, htmx's hx-headers), never the cookie.
+CSRF_COOKIE_HTTPONLY = True
 
-# Prometheus scrapes /ox/metrics with "Authorization: Bearer <token>" (empty: staff login only).
+# `check --deploy` runs before gunicorn starts and fails on any warning: an operator silences
+# one deliberately, by id (DJANGO_SILENCED_CHECKS=security.W008,...). includeSubDomains and
+# preload are options (they bind every subdomain, and preload is slow to undo), so their
+# "not set" warnings are silenced while they are off.
+SILENCED_SYSTEM_CHECKS = [
+    *env_list("DJANGO_SILENCED_CHECKS"),
+    *([] if HSTS_INCLUDE_SUBDOMAINS else ["security.W005"]),
+    *([] if HSTS_PRELOAD else ["security.W021"]),
+]
+
+# Content-Security-Policy on every response (Django's own middleware): scripts and styles only
+# from our static files (htmx and Chart.js are vendored), no inline script, no eval, no framing.
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF],
+    "style-src": [CSP.SELF],
+    "img-src": [CSP.SELF],
+    "connect-src": [CSP.SELF],
+    "font-src": [CSP.SELF],
+    "object-src": [CSP.NONE],
+    "base-uri": [CSP.NONE],
+    "form-action": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+}
+
+# Login throttling (django-axes): after OX_LOGIN_FAILURE_LIMIT wrong passwords for one username
+# from one address, that pair is refused for OX_LOGIN_COOLOFF_MINUTES, right password or not.
+# Keyed on the pair, so nobody elsewhere can lock a colleague out by guessing at their name.
+AXES_FAILURE_LIMIT = int(os.environ.get("OX_LOGIN_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("OX_LOGIN_COOLOFF_MINUTES", "15")))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "oxproject.security.client_ip"
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out pair before any password check
+    "django.contrib.auth.backends.ModelBackend",
+]
+
+# DEBUG's technical 500 page and error mails hide database URLs too.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "oxproject.errors.ExceptionReporterFilter"
+
+# Prometheus scrapes /ox/metrics with "Authorization: Bearer <token>" (empty: the session of
+# staff with ox.view_task only).
 OX_METRICS_TOKEN = os.environ.get("OX_METRICS_TOKEN", "")
 
 INSTALLED_APPS = [
@@ -52,6 +114,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "django_filters",
+    "axes",
     "ox",
     "dashboard",
     "demo",
@@ -59,7 +122,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    "oxproject.middleware.RejectNulCharacters",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -67,6 +132,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: it turns a refused login into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "oxproject.urls"
@@ -98,7 +165,6 @@ SQLITE_OPTIONS = {
     "timeout": 30,
 }
 
-VAR_DIR.mkdir(parents=True, exist_ok=True)
 DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"),
@@ -107,6 +173,10 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {**SQLITE_OPTIONS, **DATABASES["default"].get("OPTIONS", {})}
+    # The file holds sessions: this user's only (0600) before SQLite first opens it.
+    _sqlite_file = Path(DATABASES["default"]["NAME"])
+    if DATABASES["default"]["NAME"] != ":memory:" and _sqlite_file.parent.is_dir():
+        security.private_file(_sqlite_file)
     # Tests run workers as subprocesses: they need a file, not an in-memory database.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
 elif env_bool("DATABASE_POOL", False):

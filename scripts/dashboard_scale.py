@@ -183,6 +183,13 @@ def pages() -> list[tuple[str, str, dict[str, str], bool]]:
             False,
         ),
         ("benchmarks page", "/benchmarks/", {}, False),
+        ("tasks queue=<no such queue>", "/tasks/", {"queue": "nope"}, True),
+        ("/ox/metrics", "/ox/metrics", {}, False),
+        ("admin task list", "/admin/ox/task/", {}, False),
+        ("admin search <no such path>", "/admin/ox/task/", {"q": "zzz"}, False),
+        ("admin search app.send_invoice", "/admin/ox/task/", {"q": "app.send_invoice"}, False),
+        ("admin queue=reports", "/admin/ox/task/", {"queue": "reports"}, False),
+        ("admin status=FAILED", "/admin/ox/task/", {"status__exact": "FAILED"}, False),
     ]
     return found
 
@@ -242,6 +249,9 @@ def main() -> int:
         return 2
     os.environ["DATABASE_URL"] = args.url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "oxproject.settings")
+    # A local measurement, as ./run: DEBUG's plain static storage (no collectstatic) and a local
+    # key (the settings default DEBUG to off). The test environment below turns DEBUG off again.
+    os.environ.setdefault("DJANGO_DEBUG", "1")
     os.environ.setdefault("OX_LOG_LEVEL", "WARNING")
     import django
 

@@ -3,8 +3,13 @@
 import json
 import os
 
-from oxproject.settings import *  # noqa: F403
-from oxproject.settings import INSTALLED_APPS, TASKS
+# DEBUG defaults to off (production-safe); the tests run the local setup, as ./run does: DEBUG's
+# plain static storage (no collectstatic needed) and a local key. Set before the project's
+# settings read it; worker subprocesses inherit it through the environment.
+os.environ["DJANGO_DEBUG"] = "1"
+
+from oxproject.settings import *  # noqa: E402, F403
+from oxproject.settings import INSTALLED_APPS, TASKS  # noqa: E402
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
 TASKS = {

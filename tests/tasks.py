@@ -91,6 +91,13 @@ def ignores_interrupt() -> None:
             continue
 
 
+@task(timeout=0.3, max_attempts=1)
+def blocks_in_sleep(seconds: float) -> float:
+    # One C call: the timeout's interrupt can land only once time.sleep returns.
+    time.sleep(seconds)
+    return seconds
+
+
 @task
 async def async_echo(value):
     await asyncio.sleep(0.01)

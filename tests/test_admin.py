@@ -1,5 +1,8 @@
 """The Task and Worker admin: actions go through ox.operations, need change_task, report counts."""
 
+import uuid
+from datetime import timedelta
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
@@ -26,18 +29,32 @@ def admin_client(client):
     return client
 
 
-def test_changelist_filters_search_and_dates(admin_client):
-    task = make_task(Status.FAILED, path="tests.tasks.always_fails")
-    make_task(Status.READY)
+def test_changelist_filters_and_search(admin_client):
+    task = make_task(Status.FAILED, path="tests.tasks.always_fails", queue="emails")
+    ready = make_task(Status.READY, queue="emails")
+    old = make_task(Status.SUCCESSFUL, enqueued_at=timezone.now() - timedelta(days=3))
+    # ids are minted at enqueue: give the old row an id from its own time, as enqueue does
+    Task.objects.filter(pk=old.pk).update(id=uuid.UUID(int=(int(old.enqueued_at.timestamp() * 1000) << 80) | 1))
     url = reverse(CHANGELIST)
-    assert admin_client.get(url).status_code == 200
-    response = admin_client.get(url, {"status__exact": "FAILED"})
-    assert list(response.context["cl"].result_list) == [task]
-    response = admin_client.get(url, {"q": "always_fails"})
-    assert list(response.context["cl"].result_list) == [task]
-    response = admin_client.get(url, {"q": str(task.pk)})
-    assert list(response.context["cl"].result_list) == [task]
-    assert b"date_hierarchy" in response.content or response.context["cl"].date_hierarchy == "enqueued_at"
+
+    def listed(**params):
+        response = admin_client.get(url, params)
+        assert response.status_code == 200
+        return list(response.context["cl"].result_list)
+
+    assert len(listed()) == 3
+    assert listed(status__exact="FAILED") == [task]
+    assert listed(queue="emails") == [ready, task]  # newest first
+    assert listed(queue="emails", status__exact="READY") == [ready]
+    assert old.pk not in {t.pk for t in listed(enqueued="24h")} and len(listed(enqueued="24h")) == 2
+    assert listed(q="tests.tasks.always_fails") == [task]  # an exact path
+    assert listed(q="always_fails") == []  # no substring search: it would read every row
+    assert listed(q=str(task.pk)) == [task]
+    body = admin_client.get(url).content.decode()
+    # The filters offer the configured queues (no SELECT DISTINCT over the table), and no
+    # date hierarchy (which reads the table's whole date range).
+    assert "?queue=reports" in body and "?enqueued=7d" in body
+    assert admin_client.get(url).context["cl"].date_hierarchy is None
 
 
 def test_change_page_shows_attempt_tracebacks_as_pre(admin_client):

@@ -132,3 +132,56 @@ def test_checks_are_registered_with_django():
         checks.check_metrics_token,
     ):
         assert check in registered
+
+
+# ---------------------------------------------------------------- through `manage.py check`
+# Django's own check_tasks builds every backend first: a backend that raised on bad OPTIONS
+# crashed `manage.py check` with a traceback before ox's checks could report anything.
+
+ECHO = "tests.tasks.echo"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("options", "check_id"),
+    [
+        ({"LEASE": -1}, "ox.E001"),
+        ({"BOGUS": 1}, "ox.E001"),
+        ({"SCHEDULES": {"s": {"task": ECHO, "cron": "61 * * * *"}}}, "ox.E003"),
+        ({"SCHEDULES": {"s": {"task": ECHO, "cron": "0 0 30 2 *"}}}, "ox.E003"),
+        ({"SCHEDULES": {"s": {"task": ECHO, "every": 60, "missed": "all"}}}, "ox.E002"),
+        ({"SCHEDULES": "not a dict"}, "ox.E002"),
+    ],
+)
+def test_manage_py_check_reports_bad_options_instead_of_crashing(options, check_id):
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    with override_settings(TASKS=tasks_with(options)):
+        with pytest.raises(SystemCheckError) as raised:
+            call_command("check")
+    assert f"({check_id})" in str(raised.value)
+    assert str(raised.value).count("(ox.") == 1  # reported once, under its own id
+
+
+def test_a_backend_with_bad_options_raises_on_first_use_not_when_built():
+    from django.core.exceptions import ImproperlyConfigured
+    from django.tasks import task_backends
+
+    with override_settings(TASKS=tasks_with({"LEASE": -1})):
+        backend = task_backends["default"]  # built without raising (checks build it too)
+        with pytest.raises(ImproperlyConfigured, match="LEASE must be a positive number"):
+            backend.config  # noqa: B018
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runworker_prints_the_check_and_refuses_to_start_with_bad_options(start_worker):
+    import json
+
+    from ox.models import Worker
+
+    worker = start_worker("--batch", env={"OX_TEST_OPTIONS": json.dumps({"LEASE": -1})})
+    assert worker.wait(timeout=60) != 0
+    assert "(ox.E001)" in worker.output() and "LEASE must be a positive number" in worker.output()
+    assert "Traceback" not in worker.output() and "worker started" not in worker.output()
+    assert not Worker.objects.exists()

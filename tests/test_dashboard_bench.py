@@ -79,3 +79,21 @@ def test_page_lists_runs_and_chart_data(client, staff, settings, tmp_path):
     body = client.get(reverse("dashboard:benchmarks")).content.decode()
     assert 'id="bench-chart-0"' in body and 'id="bench-chart-0-data"' in body
     assert "0123456789" in body and "dirty" in body and "version 16" in body
+
+
+@pytest.mark.django_db
+def test_page_names_the_results_folder_relative_to_the_project(client, staff, settings, tmp_path):
+    # Issue #16: the page showed the server's absolute path (its layout, its user names).
+    from pathlib import Path
+
+    settings.OX_BENCH_RESULTS_DIR = Path(settings.BASE_DIR) / "bench" / "results"
+    body = client.get(reverse("dashboard:benchmarks")).content.decode()
+    assert "<code>bench/results</code>" in body and str(settings.BASE_DIR) not in body
+    settings.OX_BENCH_RESULTS_DIR = tmp_path  # outside the project: named by its setting only
+    body = client.get(reverse("dashboard:benchmarks")).content.decode()
+    assert str(tmp_path) not in body and "OX_BENCH_RESULTS_DIR" in body
+
+
+def test_recorded_paths_inside_the_project_read_relative(settings):
+    run = bench.Run("r.json", None, environment={"python_executable": f"{settings.BASE_DIR}/bench/.venv/bin/python"})
+    assert run.environment_summary == [("python_executable", "bench/.venv/bin/python")]

@@ -42,16 +42,25 @@ def render_at(view: Callable[..., HttpResponse], user: User, now: datetime, path
     return response.content.decode()
 
 
+def staff_user(username: str, *codenames: str) -> User:
+    """An active staff account with the given ox permissions (none: staff who may see nothing)."""
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(codename=codename, content_type__app_label="ox"))
+    return user
+
+
 @pytest.fixture(name="staff")
 def staff_fixture(client):
-    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    """Staff who may view tasks (ox.view_task) but not act on them."""
+    user = staff_user("viewer", "view_task")
     client.force_login(user)
     return user
 
 
 @pytest.fixture(name="operator")
 def operator_fixture(client):
-    user = User.objects.create_user("operator", password="pw", is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="change_task", content_type__app_label="ox"))
+    """Staff with ox.view_task and ox.change_task: may retry and cancel."""
+    user = staff_user("operator", "view_task", "change_task")
     client.force_login(user)
     return user

@@ -4,7 +4,7 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.test import override_settings
 from django.utils import timezone
 
@@ -58,13 +58,20 @@ def test_no_token_configured_means_no_token_works(client):
     assert client.get(URL, headers={"Authorization": "Bearer "}).status_code == 401
 
 
-def test_staff_login_works_and_non_staff_is_403(client):
+def test_staff_login_with_view_task_works_and_others_are_403(client):
     user = User.objects.create_user("someone", password="pw-long-enough")
     client.force_login(user)
     assert client.get(URL).status_code == 403
     user.is_staff = True
     user.save()
+    assert client.get(URL).status_code == 403  # staff, but may not view tasks (as in the admin)
+    user.user_permissions.add(Permission.objects.get(codename="view_task", content_type__app_label="ox"))
+    user = User.objects.get(pk=user.pk)  # a fresh object: permissions are cached per instance
+    client.force_login(user)
     assert client.get(URL).status_code == 200
+    user.is_active = False
+    user.save()
+    assert client.get(URL).status_code == 401  # an inactive account's session no longer counts
 
 
 def test_post_is_refused(admin_client):

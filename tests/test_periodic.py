@@ -111,12 +111,13 @@ def test_queue_and_priority_overrides_reach_the_task():
 def test_ticker_run_fires_each_due_tick_once():
     s = every(60)
     ticker = Ticker(backend(), [s])
-    ticker.run(connection, NOW)
-    ticker.run(connection, NOW + timedelta(seconds=10))  # same tick: nothing new
+    ticker.run(connection, NOW)  # no rows yet: 12:00 is not fired, the schedule starts at 12:01
     ticker.run(connection, NOW + timedelta(seconds=40))  # the next tick
+    ticker.run(connection, NOW + timedelta(seconds=50))  # same tick: nothing new
+    ticker.run(connection, NOW + timedelta(seconds=90))  # the one after
     assert list(Tick.objects.order_by("tick_at").values_list("tick_at", flat=True)) == [
-        datetime(2026, 3, 10, 12, 0, tzinfo=UTC),
         datetime(2026, 3, 10, 12, 1, tzinfo=UTC),
+        datetime(2026, 3, 10, 12, 2, tzinfo=UTC),
     ]
     assert Task.objects.count() == 2
 
@@ -183,10 +184,26 @@ def test_a_new_schedule_starts_with_its_next_tick_not_a_stale_one():
 
 
 @db
+@pytest.mark.parametrize("spec", [{"every": 1}, {"every": 60}, {"cron": "* * * * *"}, {"cron": "0 * * * *"}])
+def test_a_new_schedule_does_not_fire_a_recent_tick_when_added(spec):
+    # Its latest tick is 0.5 s old: still not fired (docs/deployment.md "Periodic tasks").
+    s = parse_schedule("new", {"task": "tests.tasks.echo", **spec})
+    ticker = Ticker(backend(), [s])
+    added = datetime(2026, 3, 10, 12, 0, 0, 500000, tzinfo=UTC)
+    ticker.run(connection, added)
+    assert not Tick.objects.exists() and not Task.objects.exists()
+    following = s.next_tick(added)
+    ticker.run(connection, following)
+    assert Tick.objects.get().tick_at == following and Task.objects.count() == 1
+
+
+@db
 def test_an_unimportable_task_is_logged_and_does_not_stop_the_ticker(caplog):
     broken = parse_schedule("broken", {"task": "tests.tasks.nope", "every": 60})
     good = every(60)
-    Ticker(backend(), [broken, good]).run(connection, NOW - timedelta(seconds=29))
+    ticker = Ticker(backend(), [broken, good])
+    ticker.run(connection, NOW - timedelta(seconds=29))  # first look: both start with their next tick
+    ticker.run(connection, NOW + timedelta(seconds=30))
     assert "broken" in caplog.text and "not fired" in caplog.text
     assert list(Tick.objects.values_list("schedule", flat=True)) == ["beat"]
 
@@ -251,6 +268,7 @@ def test_real_workers_racing_fire_each_tick_exactly_once(start_worker):
     for w in workers:
         assert w.wait(timeout=30) == 0, w.output()
     ticks = list(Tick.objects.filter(schedule="beat").order_by("tick_at"))
+
     # Every second of the span either fired exactly once (tick_at is unique) or was counted as
     # missed by the tick after it. A tick counts the seconds since the newest tick it could
     # see when it fired. On a busy machine a worker can fire second N+1 while another's tick N

@@ -23,6 +23,7 @@ from tests.helpers import wait_until
 
 ENTRYPOINT = ROOT / "scripts" / "docker-entrypoint.sh"
 HTTPS = {"X-Forwarded-Proto": "https"}  # what the TLS-terminating proxy in front adds
+GOOD_KEY = "Xq3v-9LrT_a8ZpW2mK7sYc0NdF4hJ6uB1eG5iO8lQwRtUyVxCzAsDfGhJkL"  # 50+ characters, not a pattern
 
 
 def free_port() -> int:
@@ -55,7 +56,7 @@ def production_env(tmp_path: Path, port: int) -> dict[str, str]:
         DJANGO_SETTINGS_MODULE="oxproject.settings",
         DATABASE_URL=database_url(),
         DJANGO_DEBUG="0",
-        DJANGO_SECRET_KEY="test-secret-key-for-the-production-path-0123456789",
+        DJANGO_SECRET_KEY=GOOD_KEY,
         DJANGO_ALLOWED_HOSTS="127.0.0.1",
         DJANGO_STATIC_ROOT=str(tmp_path / "static"),
         OX_VAR_DIR=str(tmp_path / "var"),
@@ -128,7 +129,9 @@ def test_gunicorn_and_worker_from_the_entrypoint(tmp_path, processes):
 
     status, headers, body = get(f"{base}/accounts/login/", HTTPS)
     assert status == 200 and b"csrfmiddlewaretoken" in body
-    assert "max-age" in headers["Strict-Transport-Security"]
+    # A year of HSTS by default; includeSubDomains and preload only when asked for.
+    assert headers["Strict-Transport-Security"] == "max-age=31536000"
+    assert "script-src 'self'" in headers["Content-Security-Policy"]
     cookie = headers.get("Set-Cookie", "")
     assert "csrftoken" in cookie and "Secure" in cookie
 
@@ -158,6 +161,31 @@ def test_gunicorn_and_worker_from_the_entrypoint(tmp_path, processes):
     assert len(started) == 2 and all(entry["logger"] == "ox.worker" for entry in started)
 
 
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_x_forwarded_proto_is_believed_only_from_the_configured_proxies(tmp_path, processes):
+    # Issue #16: Django trusted X-Forwarded-Proto from anyone who could reach the port. Now
+    # gunicorn sets the scheme from it only for FORWARDED_ALLOW_IPS; here the proxy is at
+    # 192.0.2.10, so the same header from 127.0.0.1 is a client's claim and is ignored.
+    port = free_port()
+    env = {**production_env(tmp_path, port), "FORWARDED_ALLOW_IPS": "192.0.2.10", "OX_MIGRATE_ON_START": "0"}
+    web = Process([str(ENTRYPOINT), "web"], env, tmp_path / "web.log")
+    processes.append(web)
+
+    def answers():
+        assert web.proc.poll() is None, web.output()
+        try:
+            return get(f"http://127.0.0.1:{port}/accounts/login/", timeout=2)[0]
+        except OSError:
+            return None
+
+    wait_until(answers, timeout=90, interval=0.2)
+    status, headers, _ = get(f"http://127.0.0.1:{port}/accounts/login/", HTTPS)
+    assert status == 301 and headers["Location"].startswith("https://"), (status, web.output())
+    assert "Strict-Transport-Security" not in headers  # sent over HTTPS only
+    assert web.stop() == 0, web.output()
+
+
 def run_settings_check(env):
     return subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), "check", "--deploy", "--fail-level", "ERROR"],
@@ -174,7 +202,7 @@ def test_debug_off_without_a_secret_key_refuses_to_start(tmp_path):
     env.update(DJANGO_SETTINGS_MODULE="oxproject.settings", DJANGO_DEBUG="0", OX_VAR_DIR=str(tmp_path))
     done = run_settings_check(env)
     assert done.returncode != 0 and "DJANGO_SECRET_KEY must be set when DJANGO_DEBUG is off" in done.stderr
-    env["DJANGO_SECRET_KEY"] = "x" * 60
+    env["DJANGO_SECRET_KEY"] = GOOD_KEY
     done = run_settings_check(env)
     assert done.returncode == 0, done.stderr
 
@@ -184,7 +212,7 @@ def test_production_settings_from_the_environment(tmp_path):
     env.update(
         DJANGO_SETTINGS_MODULE="oxproject.settings",
         DJANGO_DEBUG="0",
-        DJANGO_SECRET_KEY="k" * 50,
+        DJANGO_SECRET_KEY=GOOD_KEY,
         DJANGO_ALLOWED_HOSTS="ox.example.com,.example.org",
         DJANGO_CSRF_TRUSTED_ORIGINS="https://ox.example.com",
         DATABASE_URL="postgres://ox:pw@db.internal:6543/oxdb",

@@ -2,14 +2,18 @@
 same functions the admin's actions call."""
 
 import uuid
+from urllib.parse import urlencode
 
+from django import forms
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from dashboard.access import change_task_required, staff_required
+from dashboard.access import can_change_tasks, change_task_required, view_task_required
 from dashboard.filters import TaskFilter
 from ox import operations
 from ox.models import Task
@@ -65,31 +69,52 @@ def bulk(request: HttpRequest) -> HttpResponse:
     return back(request, reverse("dashboard:tasks"))
 
 
-@staff_required
+class ConfirmForm(forms.Form):
+    """The confirmation's own field: the count it showed, to say so if it changed meanwhile."""
+
+    expected = forms.IntegerField(min_value=0, max_value=2**63 - 1, required=False)  # a row count
+
+
+def _filter_query(filterset: TaskFilter) -> str:
+    return urlencode(filterset.filter_fields())
+
+
+@view_task_required
 def retry_matching(request: HttpRequest) -> HttpResponse:
     """GET: how many retryable tasks the filter matches, and a form to confirm. POST: retry them,
-    re-applying the same filter (so a task that changed state meanwhile is left alone)."""
+    re-applying the same filter (so a task that changed state meanwhile is left alone). Every
+    input is validated before anything is retried: a bad value gets the form's error."""
+    if request.method == "POST" and not can_change_tasks(request):
+        raise PermissionDenied("Retry and cancel need the ox.change_task permission.")
     data = request.POST if request.method == "POST" else request.GET
     filterset = TaskFilter(data, queryset=Task.objects.all())
-    if not filterset.is_valid():
-        return render(request, "dashboard/retry_matching.html", {"filter": filterset, "count": 0}, status=400)
+    confirm = ConfirmForm(request.POST if request.method == "POST" else None)
+    if not filterset.is_valid() or (confirm.is_bound and not confirm.is_valid()):
+        context = {"filter": filterset, "confirm": confirm, "count": 0}
+        return render(request, "dashboard/retry_matching.html", context, status=400)
     matching = filterset.qs.filter(status__in=RETRYABLE)
     if request.method == "POST":
-        return _retry_matching(request, matching, filterset)
-    query = request.GET.urlencode()
-    context = {"filter": filterset, "count": matching.count(), "query": query}
+        return _retry_matching(request, matching, filterset, confirm.cleaned_data["expected"])
+    context = {
+        "filter": filterset,
+        "confirm": confirm,
+        "count": matching.count(),
+        # Only the filter's own fields: a crafted link's extra parameters (a csrfmiddlewaretoken,
+        # an "expected") must not ride into the confirmation form.
+        "fields": filterset.filter_fields(),
+        "query": _filter_query(filterset),
+    }
     return render(request, "dashboard/retry_matching.html", context)
 
 
 @change_task_required
-def _retry_matching(request: HttpRequest, matching: object, filterset: TaskFilter) -> HttpResponse:
-    expected = request.POST.get("expected", "")
+def _retry_matching(
+    request: HttpRequest, matching: QuerySet[Task], filterset: TaskFilter, expected: int | None
+) -> HttpResponse:
     changed = operations.retry(matching)
     message = describe(changed, changed.retried)
-    if expected.isdigit() and int(expected) != changed.retried:
+    if expected is not None and expected != changed.retried:
         message += f" (the confirmation showed {expected}; tasks changed state in between)"
     (messages.success if changed else messages.warning)(request, message)
-    query = filterset.data.copy()
-    for key in ("csrfmiddlewaretoken", "expected", "next", "page"):
-        query.pop(key, None)
-    return HttpResponseRedirect(f"{reverse('dashboard:tasks')}?{query.urlencode()}")
+    query = _filter_query(filterset)
+    return HttpResponseRedirect(f"{reverse('dashboard:tasks')}?{query}" if query else reverse("dashboard:tasks"))

@@ -1,11 +1,11 @@
 from django.http import HttpRequest, HttpResponse
 
 from dashboard import bench
-from dashboard.access import staff_required
+from dashboard.access import view_task_required
 from dashboard.rendering import render_page
 
 
-@staff_required
+@view_task_required
 def benchmarks(request: HttpRequest) -> HttpResponse:
     runs = bench.load_runs()
     charts = bench.charts(runs)
@@ -20,6 +20,6 @@ def benchmarks(request: HttpRequest) -> HttpResponse:
             }
             for i, chart in enumerate(charts)
         ],
-        "results_dir": bench.results_dir(),
+        "results_dir": bench.results_dir_label(),
     }
     return render_page(request, "dashboard/benchmarks.html", context, "content")

@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse
 from django.tasks import task_backends
 from django.utils import timezone
 
-from dashboard.access import staff_required
+from dashboard.access import view_task_required
 from dashboard.rendering import render_page
 from ox.backend import OxBackend
 from ox.models import Task
@@ -23,7 +23,7 @@ def max_xact_age() -> float:
     return min(ages, default=DEFAULT_MAX_XACT_AGE)
 
 
-@staff_required
+@view_task_required
 def health(request: HttpRequest, now: datetime | None = None) -> HttpResponse:
     """`now`: the clock the page is rendered at (tests pass a fixed one; a URL never does)."""
     part = request.GET.get("part")

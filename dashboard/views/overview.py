@@ -1,12 +1,12 @@
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from dashboard.access import staff_required
+from dashboard.access import view_task_required
 from dashboard.rendering import render_page
 from ox import stats
 
 
-@staff_required
+@view_task_required
 def overview(request: HttpRequest) -> HttpResponse:
     data = stats.overview()
     chart = {

@@ -1,19 +1,16 @@
-from functools import cached_property
-
-from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.utils import timezone
 
-from dashboard.access import can_change_tasks, staff_required
+from dashboard.access import can_change_tasks, view_task_required
 from dashboard.filters import TaskFilter
 from dashboard.rendering import render_page
 from dashboard.timeline import attempt_rows, events
 from ox import stats
 from ox.models import FINISHED, Status, Task
 from ox.operations import RETRYABLE
+from ox.paging import COUNT_CAP, CappedPaginator
 
 PAGE_SIZE = 50
-COUNT_CAP = 10_000
 LIST_COLUMNS = (
     "id",
     "task_path",
@@ -28,30 +25,12 @@ LIST_COLUMNS = (
 )
 
 
-class CappedPaginator(Paginator):
-    """Counts at most `cap` rows: an exact COUNT(*) over millions of finished tasks would cost
-    more than the page itself. Past the cap the list says "10,000+"; narrow the filter."""
-
-    def __init__(self, object_list: object, per_page: int, cap: int) -> None:
-        super().__init__(object_list, per_page)
-        self.cap = cap
-
-    @cached_property
-    def count(self) -> int:
-        # Unordered: the planner may then count from whichever index fits the filter.
-        return self.object_list.order_by()[: self.cap + 1].count()
-
-    @property
-    def capped(self) -> bool:
-        return self.count > self.cap
-
-
-@staff_required
+@view_task_required
 def task_list(request: HttpRequest) -> HttpResponse:
     filterset = TaskFilter(request.GET or None, queryset=Task.objects.order_by("-id").only(*LIST_COLUMNS))
     # An invalid filter shows its errors over an empty list: never everything, never a 500.
     tasks = filterset.qs if not filterset.is_bound or filterset.is_valid() else Task.objects.none()
-    paginator = CappedPaginator(tasks, PAGE_SIZE, COUNT_CAP)
+    paginator = CappedPaginator(tasks, PAGE_SIZE, cap=COUNT_CAP)
     page = paginator.get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
@@ -67,7 +46,7 @@ def task_list(request: HttpRequest) -> HttpResponse:
     return render_page(request, "dashboard/tasks.html", context, "table")
 
 
-@staff_required
+@view_task_required
 def task_detail(request: HttpRequest, pk: str) -> HttpResponse:
     task = stats.find_task(pk)
     if task is None:

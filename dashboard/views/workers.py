@@ -3,12 +3,12 @@ from datetime import datetime
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from dashboard.access import staff_required
+from dashboard.access import view_task_required
 from dashboard.rendering import render_page
 from ox import stats
 
 
-@staff_required
+@view_task_required
 def workers(request: HttpRequest, now: datetime | None = None) -> HttpResponse:
     """`now`: the clock the page is rendered at (tests pass a fixed one; a URL never does)."""
     now = now or timezone.now()

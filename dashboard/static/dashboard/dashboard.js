@@ -4,9 +4,17 @@
   "use strict";
 
   // Polls on the task list pause while rows are selected, so a refresh never drops a selection.
-  window.oxNothingSelected = function () {
-    return !document.querySelector('#task-table input[name="ids"]:checked');
-  };
+  // A cancelled htmx:beforeRequest rather than an hx-trigger filter: htmx compiles filters with
+  // eval, which the Content-Security-Policy forbids.
+  function somethingSelected() {
+    return !!document.querySelector('#task-table input[name="ids"]:checked');
+  }
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var source = event.detail.elt;
+    if (source && source.hasAttribute("data-pause-while-selected") && somethingSelected()) {
+      event.preventDefault();
+    }
+  });
 
   function chartData(canvas) {
     var source = document.getElementById(canvas.dataset.chartSource);
