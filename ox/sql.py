@@ -1,4 +1,5 @@
-"""Every raw statement ox runs, named per operation, with an explicit branch per database.
+"""The raw statements of enqueue and the worker loop, named per operation, with an explicit
+branch per database (periodic, prune, tablehealth and the listener run a few of their own).
 
 The worker runs these on its own long-lived connection (ox.connection). Timestamps come from
 the worker's clock and are passed in, so PostgreSQL and SQLite compare like with like.
