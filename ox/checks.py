@@ -12,6 +12,10 @@ ox.W001  SQLite without WAL: web and worker processes would lock each other out
 ox.W002  PREFETCH with MAX_ATTEMPTS 1: a dying worker fails the tasks it had not started
 ox.W003  HEARTBEAT over a third of LEASE: one slow heartbeat loses every lease
 ox.W004  OX_METRICS_TOKEN shorter than 16 characters
+ox.E009  OPTIONS LISTEN_DATABASE names no database in DATABASES
+ox.E010  OPTIONS POOLER or LISTEN_DATABASE on a database that is not PostgreSQL
+ox.W005  POOLER "transaction" with server-side binding and a prepare_threshold: prepared statements
+ox.W006  POOLER "transaction" without DISABLE_SERVER_SIDE_CURSORS: Django's .iterator() cursors
 """
 
 import os
@@ -165,6 +169,89 @@ def check_worker_policy(app_configs: Any = None, **kwargs: Any) -> Messages:
                     id="ox.W003",
                 )
             )
+    return messages
+
+
+def _is_postgres(database: dict[str, Any]) -> bool:
+    engine = str(database.get("ENGINE", ""))
+    return "postgresql" in engine or "postgis" in engine  # Django's backend, GeoDjango's, or a wrapper
+
+
+def _pooling_messages(alias: str, options: OxOptions, db: str) -> Messages:
+    messages: Messages = []
+    where = f"TASKS[{alias!r}]"
+    database = settings.DATABASES.get(db, {})
+    if (options.pooler is not None or options.listen_database) and not _is_postgres(database):
+        messages.append(
+            checks.Error(
+                f"{where} OPTIONS POOLER/LISTEN_DATABASE apply to PostgreSQL only; DATABASES[{db!r}] is"
+                f" {database.get('ENGINE')!r}",
+                id="ox.E010",
+            )
+        )
+        return messages  # the rest is about PostgreSQL
+    listen = options.listen_database
+    if listen is not None and listen not in settings.DATABASES:
+        messages.append(checks.Error(f"{where} OPTIONS LISTEN_DATABASE {listen!r} is not in DATABASES", id="ox.E009"))
+    elif listen is not None and not _is_postgres(settings.DATABASES[listen]):
+        engine = settings.DATABASES[listen].get("ENGINE")
+        messages.append(
+            checks.Error(f"{where} OPTIONS LISTEN_DATABASE {listen!r} is {engine!r}, not PostgreSQL", id="ox.E010")
+        )
+    elif listen is not None and options.pooled and listen == db:
+        messages.append(
+            checks.Error(
+                f"{where} OPTIONS LISTEN_DATABASE {listen!r} is ox's own database, which POOLER says is behind"
+                " a transaction pooler: LISTEN needs an alias that reaches PostgreSQL directly.",
+                id="ox.E009",
+            )
+        )
+    if not options.pooled:
+        return messages
+    db_options = database.get("OPTIONS", {})
+    if db_options.get("server_side_binding") is True and db_options.get("prepare_threshold") is not None:
+        messages.append(
+            checks.Warning(
+                f"DATABASES[{db!r}] (behind a transaction pooler, TASKS[{alias!r}] POOLER) sets server_side_binding"
+                f" and prepare_threshold={db_options['prepare_threshold']!r}: psycopg prepares statements on a"
+                " server session the pooler hands to other clients between transactions. PgBouncer before 1.21"
+                " (or with max_prepared_statements = 0) then fails them with 'prepared statement ... does not"
+                " exist' or '... already exists'. ox's worker connections prepare nothing; task bodies and the"
+                " web use these OPTIONS.",
+                hint="Drop prepare_threshold (Django's default, None, prepares nothing), or run PgBouncer >= 1.21"
+                " with max_prepared_statements > 0.",
+                id="ox.W005",
+            )
+        )
+    if database.get("DISABLE_SERVER_SIDE_CURSORS") is not True:
+        messages.append(
+            checks.Warning(
+                f"DATABASES[{db!r}] is behind a transaction pooler (TASKS[{alias!r}] POOLER) but does not set"
+                " DISABLE_SERVER_SIDE_CURSORS: Django's QuerySet.iterator() (and forms' model choices) declare"
+                " a WITH HOLD cursor outside a transaction and fetch from it in later statements, which the"
+                " pooler may send to another server session.",
+                hint='Set "DISABLE_SERVER_SIDE_CURSORS": True on that database (Django\'s advice for'
+                " transaction pooling).",
+                id="ox.W006",
+            )
+        )
+    return messages
+
+
+@checks.register(checks.Tags.compatibility)
+def check_pooling(app_configs: Any = None, **kwargs: Any) -> Messages:
+    from django.db import router
+
+    from ox.models import Task
+
+    messages: Messages = []
+    for alias, params in _ox_backends():
+        options = _options(params)
+        if options is None:
+            continue
+        db = options.database or router.db_for_write(Task)
+        if db in settings.DATABASES:  # else ox.E007
+            messages.extend(_pooling_messages(alias, options, db))
     return messages
 
 

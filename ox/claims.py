@@ -10,9 +10,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.tasks.base import TaskError
-from django.utils import timezone
 
-from ox import sql
+from ox import clock, sql
 from ox.completer import refused
 from ox.execution import Finished, Prepared, decide_retry, prepare, unrunnable
 
@@ -63,7 +62,7 @@ class Claims:
     def claim(self) -> None:
         w = self.w
         sync_limit, async_limit = self.limits()
-        now = timezone.now()
+        now = clock.db_now(w.conn)
         lease = now + timedelta(seconds=w.options.lease)
         w.last_claim_at = time.monotonic()
         # Finished tasks ride on the claim: one round trip, one commit for both.
@@ -148,7 +147,7 @@ class Claims:
         sync_room, async_room = self.limits()
         earliest = sql.earliest_ready(w.conn, w.settings.queues, (sync_room > 0, async_room > 0))
         if earliest is not None:
-            wait = min(wait, max((earliest - timezone.now()).total_seconds(), 0.001))
+            wait = min(wait, max((earliest - clock.db_now(w.conn)).total_seconds(), 0.001))
         retry_in = w.completer.retry_due - time.monotonic()
         if retry_in > 0:  # a retry this worker scheduled comes due sooner
             wait = min(wait, retry_in)

@@ -7,6 +7,11 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 PRUNABLE = ("SUCCESSFUL", "FAILED", "CANCELLED")  # ox.models.FINISHED, without importing models
+# What sits between the worker and PostgreSQL. None: nothing (or a session-mode pooler, which
+# pins a server session to the client for its life, so it is the same as none); "session"
+# says so explicitly. "transaction": a server session is only the worker's for one
+# transaction (PgBouncer pool_mode = transaction), so nothing may outlive a transaction.
+POOLERS = (None, "session", "transaction")
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,10 @@ class OxOptions:
     completion_batch: int = 500
     completion_flush_ms: float = 5.0
     notify: bool = True  # PostgreSQL: NOTIFY idle workers at enqueue commit
+    pooler: str | None = None  # one of POOLERS
+    # A DATABASES alias reaching the same database directly (not through a transaction pooler),
+    # for the LISTEN session only. None: LISTEN on the worker's database unless it is pooled.
+    listen_database: str | None = None
     # Operations (ox.periodic, ox.prune, ox.health), validated by validate_operations().
     schedules: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> ox.schedules spec
     prune: dict[str, Any] = field(default_factory=dict)  # finished status -> retention ("7d" or seconds)
@@ -81,7 +90,40 @@ class OxOptions:
             raise ImproperlyConfigured(f"ox OPTIONS PREFETCH must be an integer >= 0, got {self.prefetch!r}")
         if not isinstance(self.completion_batch, int) or self.completion_batch < 1:
             raise ImproperlyConfigured("ox OPTIONS COMPLETION_BATCH must be an integer >= 1")
+        self.validate_pooling()
         self.validate_operations()
+
+    def validate_pooling(self) -> None:
+        if self.pooler not in POOLERS:
+            allowed = ", ".join(repr(p) for p in POOLERS)
+            raise ImproperlyConfigured(f"ox OPTIONS POOLER must be one of {allowed}, got {self.pooler!r}")
+        if self.listen_database is not None:
+            if not isinstance(self.listen_database, str) or not self.listen_database:
+                raise ImproperlyConfigured(
+                    f"ox OPTIONS LISTEN_DATABASE must be a DATABASES alias, got {self.listen_database!r}"
+                )
+            if not self.notify:
+                # A listener nobody would use: say so rather than open a session for nothing.
+                raise ImproperlyConfigured("ox OPTIONS LISTEN_DATABASE is set but NOTIFY is off: drop one of them")
+            if self.pooled and self.listen_database == self.database:
+                raise ImproperlyConfigured(
+                    "ox OPTIONS LISTEN_DATABASE is DATABASE, which POOLER says is behind a transaction pooler:"
+                    " LISTEN needs a direct (or session-pooled) alias"
+                )
+
+    @property
+    def pooled(self) -> bool:
+        """Behind a transaction-mode pooler: the worker keeps no session state (no liveness
+        lock, no server-side settings, no LISTEN on that database)."""
+        return self.pooler == "transaction"
+
+    def listen_alias(self, database: str) -> str | None:
+        """The alias a worker LISTENs on, given its own database alias; None: poll only."""
+        if not self.notify:
+            return None
+        if self.listen_database is not None:
+            return self.listen_database
+        return None if self.pooled else database
 
     def validate_operations(self) -> None:
         from ox.durations import parse_duration

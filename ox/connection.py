@@ -16,6 +16,12 @@ Defaults: first probe after 5 s of silence, then every 2 s, give up after 3 unan
 database's own OPTIONS win, key by key (`"keepalives_idle": 30`, ... in DATABASES, or
 `?keepalives_idle=30` in DATABASE_URL); the server side follows the same values.
 `"keepalives": 0` turns all of it off.
+
+Behind a transaction-mode pooler (ox OPTIONS POOLER = "transaction") the server's side is not
+set: a session-level setting would stay on the pooler's server connection after the worker's
+transaction, and so apply to whichever client gets that server connection next. The worker's
+side still applies, to its TCP connection to the pooler; the pooler's own keepalive settings
+cover the rest.
 """
 
 import copy
@@ -58,20 +64,30 @@ def keepalive_settings(options: dict[str, Any]) -> dict[str, int] | None:
     return values
 
 
-def open_worker_connection(alias: str) -> BaseDatabaseWrapper:
+def open_worker_connection(alias: str, pooled: bool = False) -> BaseDatabaseWrapper:
+    """A new connection for the worker (or its listener). `pooled`: the alias is behind a
+    transaction-mode pooler, so nothing is set on the server's session."""
     conn = connections.create_connection(alias)
     settings = copy.deepcopy(conn.settings_dict)
     options = settings.setdefault("OPTIONS", {})
     # A pooled connection would go back to the pool between statements; the worker's
-    # session state (LISTEN, its liveness advisory lock) must stay on one session.
+    # session state (LISTEN, its liveness advisory lock) must stay on one session. (Django's
+    # client-side pool; an external pooler is what `pooled` is about.)
     options.pop("pool", None)
     settings["CONN_MAX_AGE"] = None
     if conn.vendor == "postgresql":
+        if pooled:
+            # A prepared statement lives in the server session it was prepared on, which a
+            # transaction pooler hands to others between transactions (PgBouncer < 1.21 does
+            # not track them). Django's default already prepares nothing (and its client-side
+            # binding cursors never do); the worker's own connection makes sure of it.
+            options["prepare_threshold"] = None
         keepalives = keepalive_settings(options)
         if keepalives is not None:
             options.update({"keepalives": 1, **keepalives})
-            # Applied at every connect of this wrapper (see _server_keepalives).
-            setattr(conn, _SERVER_ATTR, keepalives)
+            if not pooled:
+                # Applied at every connect of this wrapper (see _server_keepalives).
+                setattr(conn, _SERVER_ATTR, keepalives)
     conn.settings_dict = settings
     conn.ensure_connection()
     return conn

@@ -10,9 +10,8 @@ from django.db import connections, router
 from django.tasks import Task as DjangoTask
 from django.tasks import TaskResult
 from django.tasks.signals import task_enqueued
-from django.utils import timezone
 
-from ox import sql
+from ox import clock, sql
 from ox.ids import uuid7
 from ox.jsoncheck import jsonable
 from ox.models import Task as TaskRow
@@ -59,8 +58,9 @@ def new_task(
 
 def enqueue_one(backend: "OxBackend", task: DjangoTask, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
     backend.validate_task(task)
-    row = new_task(backend, task, args, kwargs, timezone.now())
-    sql.insert_tasks(connections[database_for(backend)], [row])
+    conn = connections[database_for(backend)]
+    row = new_task(backend, task, args, kwargs, clock.db_now(conn))
+    sql.insert_tasks(conn, [row])
     result = ready_result(row, task, backend.alias)
     task_enqueued.send(type(backend), task_result=result)
     return result
@@ -70,9 +70,15 @@ async def aenqueue_one(
     backend: "OxBackend", task: DjangoTask, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> TaskResult:
     backend.validate_task(task)
-    row = new_task(backend, task, args, kwargs, timezone.now())
+
+    def insert() -> sql.NewTask:
+        conn = connections[database_for(backend)]
+        row = new_task(backend, task, args, kwargs, clock.db_now(conn))
+        sql.insert_tasks(conn, [row])
+        return row
+
     # Django's database layer is synchronous; run the INSERT where the ORM's async API would.
-    await sync_to_async(lambda: sql.insert_tasks(connections[database_for(backend)], [row]))()
+    row = await sync_to_async(insert)()
     result = ready_result(row, task, backend.alias)
     await task_enqueued.asend(type(backend), task_result=result)
     return result
@@ -85,7 +91,8 @@ def enqueue_many(
     then rows go in with one INSERT per batch."""
     backend = task.get_backend()
     backend.validate_task(task)
-    now = timezone.now()
+    conn = connections[database_for(backend)]
+    now = clock.db_now(conn)
     # new_task() inlined: at 10,000 calls its per-call overhead is a third of the cost.
     path, queue, priority = task.module_path, task.queue_name, task.priority
     run_after = resolve_run_after(task.run_after, now)
@@ -108,7 +115,6 @@ def enqueue_many(
         )
         for args, kwargs in calls
     ]
-    conn = connections[database_for(backend)]
     for start in range(0, len(rows), batch_size):
         sql.insert_tasks(conn, rows[start : start + batch_size])
     results = [ready_result(row, task, backend.alias) for row in rows]

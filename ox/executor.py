@@ -12,9 +12,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
+from ox import clock
 from ox.conf import OxOptions
 from ox.exceptions import TaskCancelled, TaskInterrupt
 from ox.execution import AsyncRunner, Finished, Prepared, decide_retry, run_sync, unrunnable
@@ -28,7 +29,7 @@ Key = tuple[Any, int]
 
 
 def skipped(prep: Prepared, kind: str) -> Finished:
-    now = datetime.now(UTC)
+    now = clock.estimated_now()
     if kind == Outcome.CANCELLED:
         return Finished(
             claimed=prep.claimed,
@@ -57,7 +58,7 @@ class _Tracker:
         with self.lock:
             kind = self.skip.pop(key, None)
             if kind is None:
-                self.started[key] = (time.monotonic(), datetime.now(UTC))
+                self.started[key] = (time.monotonic(), clock.estimated_now())
         if kind is None:
             self.on_start()
         return kind

@@ -6,9 +6,7 @@ import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from django.utils import timezone
-
-from ox import sql
+from ox import clock, sql
 from ox.exceptions import TaskCancelled, TaskTimeout
 from ox.logs import event, task_fields
 
@@ -25,7 +23,7 @@ class Leases:
     def heartbeat(self) -> None:
         w = self.w
         assert w.sync is not None and w.aio is not None
-        now = timezone.now()
+        now = clock.db_now(w.conn)
         sql.heartbeat(w.conn, w.id, now)
         rows = []
         for key, held in w.held.items():
@@ -61,7 +59,8 @@ class Leases:
     def rescue(self) -> bool:
         """Run the rescuer once; True if it found a worker whose lock just went free."""
         w = self.w
-        rescued, marked = sql.rescue_and_mark(w.conn, timezone.now(), w.options.max_lost, w.options.liveness_grace)
+        now = clock.db_now(w.conn)
+        rescued, marked = sql.rescue_and_mark(w.conn, now, w.options.max_lost, w.options.liveness_grace)
         if rescued:
             w.more_waiting = True  # claim them now rather than at the next poll
         for task_id, worker_id, status in rescued:

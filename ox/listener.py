@@ -1,6 +1,12 @@
 """PostgreSQL LISTEN for an idle worker: a thread on its own session that wakes the worker
 loop when tasks are enqueued, so a task starts within milliseconds instead of at the next
-poll. Polling stays the fallback: if this session drops, the worker only gets slower."""
+poll. Polling stays the fallback: if this session drops, the worker only gets slower.
+
+LISTEN is session state: through a transaction-mode pooler the session that LISTENs goes back
+to the pool at once, and the notifications never reach this thread. So behind such a pooler
+(ox OPTIONS POOLER = "transaction") there is no listener unless LISTEN_DATABASE names an alias
+that reaches the same database directly; then this thread LISTENs there, and the worker's
+claims still go through the pooler (ox.conf.OxOptions.listen_alias)."""
 
 import logging
 import threading

@@ -132,14 +132,16 @@ def _read_json_text(value: object) -> str:
 def transaction(conn: BaseDatabaseWrapper) -> Iterator[object]:
     """A transaction on a connection left in autocommit; IMMEDIATE on SQLite so the write
     lock is taken up front."""
+    # Inside the caller's atomic() (Django code calling ox.sql): a savepoint of it.
+    nested = conn.in_atomic_block
     with conn.cursor() as cursor:
-        cursor.execute("BEGIN" if is_postgres(conn) else "BEGIN IMMEDIATE")
+        cursor.execute("SAVEPOINT ox_sql" if nested else "BEGIN" if is_postgres(conn) else "BEGIN IMMEDIATE")
         try:
             yield cursor
         except BaseException:
-            cursor.execute("ROLLBACK")
+            cursor.execute("ROLLBACK TO SAVEPOINT ox_sql" if nested else "ROLLBACK")
             raise
-        cursor.execute("COMMIT")
+        cursor.execute("RELEASE SAVEPOINT ox_sql" if nested else "COMMIT")
 
 
 @dataclass(slots=True)
@@ -152,6 +154,59 @@ class ClaimSql:
     update_params: list[object]
 
 
+Levels = dict[tuple[str, int], list[int]]  # (queue, is_async) -> priorities waiting, highest first
+
+
+def _distinct(queues: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(queues))
+
+
+def _pick_sql(
+    pg: bool, flag: str, queues: Sequence[str], now: object, limit: int, levels: "Levels | None" = None
+) -> tuple[str, list[object]] | None:
+    """The ids of up to `limit` due READY tasks of one kind in these queues, in claim order,
+    read from the READY index (queue, is_async, priority DESC, run_after, id) so that what a
+    claim costs does not depend on how many tasks wait.
+
+    PostgreSQL: per queue, a recursive query steps through the priorities present (one
+    index probe each: max(priority) below the last), and for each priority a range scan of
+    the due rows (run_after <= now) takes at most `limit`, locking them (SKIP LOCKED:
+    workers never wait for each other). Stepping by priority is what keeps tasks scheduled
+    for later at a higher priority from being read on every claim: within a priority the
+    due rows come first, and a scan across priorities would walk every not-yet-due row of
+    the higher ones. The best `limit` of the candidates (at most limit per priority and
+    queue, sorted in memory) win; the others are unlocked when the statement commits.
+
+    SQLite: the same range scans, one per queue and priority in `levels`. None: nothing
+    waits there."""
+    queues = _distinct(queues)
+    if pg:
+        ready = f"FROM ox_task t WHERE t.status = 'READY' AND t.queue = l.queue AND t.is_async = {flag}"
+        starts = " UNION ALL ".join("SELECT CAST(%s AS text)" for _q in queues)
+        sql = (
+            "WITH RECURSIVE levels(queue, priority) AS ("
+            f"SELECT l.queue, (SELECT max(t.priority) {ready}) FROM ({starts}) AS l(queue)"
+            f" UNION ALL SELECT l.queue, (SELECT max(t.priority) {ready} AND t.priority < l.priority)"
+            " FROM levels l WHERE l.priority IS NOT NULL"
+            ") SELECT c.id FROM levels l CROSS JOIN LATERAL ("
+            f"SELECT t.id, t.run_after {ready} AND t.priority = l.priority AND t.run_after <= %s"
+            " ORDER BY t.run_after, t.id LIMIT %s FOR UPDATE SKIP LOCKED) AS c"
+            " WHERE l.priority IS NOT NULL ORDER BY l.priority DESC, c.run_after, c.id LIMIT %s"
+        )
+        return sql, [*queues, now, limit, limit]
+    # SQLite has no LATERAL: the priorities were read first, in the claim's transaction.
+    branch = (
+        "SELECT id, priority, run_after FROM ox_task WHERE status = 'READY' AND queue = %s"
+        f" AND is_async = {flag} AND priority = %s AND run_after <= %s ORDER BY run_after, id LIMIT %s"
+    )
+    pairs = [(q, level) for q in queues for level in (levels or {}).get((q, int(flag)), [])]
+    if not pairs:
+        return None
+    params: list[object] = [p for q, level in pairs for p in (q, level, now, limit)]
+    union = " UNION ALL ".join(f"SELECT * FROM ({branch}) AS q{i}" for i in range(len(pairs)))
+    return f"SELECT id FROM ({union}) AS p ORDER BY priority DESC, run_after, id LIMIT %s", [*params, limit]
+
+
 def _claim_parts(
     conn: BaseDatabaseWrapper,
     worker_id: str,
@@ -159,44 +214,37 @@ def _claim_parts(
     limits: tuple[int, int],
     now: datetime,
     lease_expires_at: datetime,
-) -> ClaimSql:
+    levels: Levels | None = None,
+) -> ClaimSql | None:
     """limits: how many sync and how many async tasks to claim. Each kind is picked by its
-    own ordered scan of the READY index (queue, is_async, priority, run_after, id), so a
-    worker never claims tasks of a kind it has no free slot for. started_at and
-    last_attempted_at are left to the first write after the body starts: a claimed task
-    that has not started reads as READY (ox.results)."""
+    own scans of the READY index (_pick_sql), so a worker never claims tasks of a kind it
+    has no free slot for. started_at and last_attempted_at are left to the first write
+    after the body starts: a claimed task that has not started reads as READY (ox.results).
+    None: nothing to claim (SQLite, by `levels`)."""
     pg = is_postgres(conn)
     flags = ("false", "true") if pg else ("0", "1")
     kinds = [(flag, limit) for flag, limit in zip(flags, limits, strict=True) if limit > 0]
-    if pg:
-        picks = [
-            f"pick_{flag} AS (SELECT id FROM ox_task WHERE status = 'READY' AND queue = ANY(%s) AND is_async = {flag}"
-            " AND run_after <= %s ORDER BY priority DESC, run_after, id LIMIT %s FOR UPDATE SKIP LOCKED)"
-            for flag, _limit in kinds
-        ]
-        pick_params: list[object] = [p for _flag, limit in kinds for p in (list(queues), now, limit)]
-        ids = " UNION ALL ".join(f"SELECT id FROM pick_{flag}" for flag, _limit in kinds)
-        update = (
-            "UPDATE ox_task SET status = 'RUNNING', attempts = attempts + 1, worker_id = %s,"
-            " lease_expires_at = %s, fence = fence + 1, last_attempted_at = NULL"
-            f" WHERE id IN ({ids}) RETURNING {CLAIM_COLUMNS}"
-        )
-        return ClaimSql(picks, pick_params, update, [worker_id, lease_expires_at])
-    marks = ", ".join(["%s"] * len(queues))
-    ts = _ts(conn, now)
-    ids = " UNION ALL ".join(
-        f"SELECT id FROM (SELECT id FROM ox_task WHERE status = 'READY' AND queue IN ({marks}) AND is_async = {flag}"
-        " AND run_after <= %s ORDER BY priority DESC, run_after, id LIMIT %s)"
-        for flag, _limit in kinds
-    )
-    update = (
+    found = [(flag, _pick_sql(pg, flag, queues, now if pg else _ts(conn, now), limit, levels)) for flag, limit in kinds]
+    kinds = [(flag, limit) for (flag, limit), (_f, pick) in zip(kinds, found, strict=True) if pick is not None]
+    picks = [pick for _flag, pick in found if pick is not None]
+    if not picks:
+        return None
+    set_running = (
         "UPDATE ox_task SET status = 'RUNNING', attempts = attempts + 1, worker_id = %s,"
         " lease_expires_at = %s, fence = fence + 1, last_attempted_at = NULL"
-        f" WHERE id IN ({ids}) RETURNING {CLAIM_COLUMNS}"
     )
+    if pg:
+        ctes = [f"pick_{flag} AS ({pick})" for (flag, _limit), (pick, _params) in zip(kinds, picks, strict=True)]
+        pick_params: list[object] = [p for _pick, params in picks for p in params]
+        ids = " UNION ALL ".join(f"SELECT id FROM pick_{flag}" for flag, _limit in kinds)
+        update = f"{set_running} WHERE id IN ({ids}) RETURNING {CLAIM_COLUMNS}"
+        return ClaimSql(ctes, pick_params, update, [worker_id, lease_expires_at])
+    # SQLite: one writer at a time, nothing to lock; the picks are subqueries of the UPDATE.
+    ids = " UNION ALL ".join(f"SELECT id FROM ({pick})" for pick, _params in picks)
+    update = f"{set_running} WHERE id IN ({ids}) RETURNING {CLAIM_COLUMNS}"
     params: list[object] = [worker_id, _ts(conn, lease_expires_at)]
-    for _flag, limit in kinds:
-        params += [*queues, ts, limit]
+    for _pick, pick_params in picks:
+        params += pick_params
     return ClaimSql([], [], update, params)
 
 
@@ -238,10 +286,31 @@ def claim(
     limits = (limits, limits) if isinstance(limits, int) else limits
     if max(limits) <= 0:
         return []
+    if not is_postgres(conn):
+        with transaction(conn):
+            return _claim_sqlite(conn, worker_id, queues, limits, now, lease_expires_at)
     parts = _claim_parts(conn, worker_id, queues, limits, now, lease_expires_at)
-    sql = f"WITH {', '.join(parts.picks)} {parts.update}" if parts.picks else parts.update
+    assert parts is not None
     with conn.cursor() as cursor:
-        cursor.execute(sql, [*parts.pick_params, *parts.update_params])
+        cursor.execute(f"WITH {', '.join(parts.picks)} {parts.update}", [*parts.pick_params, *parts.update_params])
+        return _read_claimed(cursor.fetchall())
+
+
+def _claim_sqlite(
+    conn: BaseDatabaseWrapper,
+    worker_id: str,
+    queues: Sequence[str],
+    limits: tuple[int, int],
+    now: datetime,
+    lease_expires_at: datetime,
+) -> list[Claimed]:
+    """SQLite, inside the caller's IMMEDIATE transaction: the priorities waiting, then the claim."""
+    levels = _sqlite_levels(conn, _distinct(queues))
+    parts = _claim_parts(conn, worker_id, queues, limits, now, lease_expires_at, levels)
+    if parts is None:
+        return []
+    with conn.cursor() as cursor:
+        cursor.execute(parts.update, parts.update_params)
         return _read_claimed(cursor.fetchall())
 
 
@@ -263,9 +332,10 @@ def complete_and_claim(
         return complete(conn, done), []
     if not is_postgres(conn):
         with transaction(conn):
-            return complete(conn, done), claim(conn, worker_id, queues, limits, now, lease_expires_at)
+            return complete(conn, done), _claim_sqlite(conn, worker_id, queues, limits, now, lease_expires_at)
     complete_sql, complete_params = _complete_sql(conn, done)
     parts = _claim_parts(conn, worker_id, queues, limits, now, lease_expires_at)
+    assert parts is not None
     # The completion's rows share the claim's columns: id first, fence at its place.
     nulls = ", ".join(["NULL"] * 10)
     sql = (
@@ -279,27 +349,63 @@ def complete_and_claim(
     return written, _read_claimed(r[1:] for r in rows if r[0])
 
 
+_LEVEL_READY = "FROM ox_task t WHERE t.status = 'READY' AND t.queue = l.queue AND t.is_async = l.is_async"
+
+
+def _levels_cte(queues: Sequence[str], flags: Sequence[str]) -> tuple[str, list[object]]:
+    """`levels(queue, is_async, priority)`: per queue and kind, every priority of a READY task
+    there, found by stepping from one to the next lower (one probe of the READY index each)
+    instead of reading the tasks. Rows with a NULL priority end each walk."""
+    starts = " UNION ALL ".join(f"SELECT CAST(%s AS text), {flag}" for _q in queues for flag in flags)
+    sql = (
+        f"pairs(queue, is_async) AS ({starts}), levels(queue, is_async, priority) AS ("
+        f"SELECT l.queue, l.is_async, (SELECT max(t.priority) {_LEVEL_READY}) FROM pairs l"
+        f" UNION ALL SELECT l.queue, l.is_async, (SELECT max(t.priority) {_LEVEL_READY} AND t.priority < l.priority)"
+        " FROM levels l WHERE l.priority IS NOT NULL)"
+    )
+    return sql, [q for q in queues for _flag in flags]
+
+
 def earliest_ready(
     conn: BaseDatabaseWrapper, queues: Sequence[str], kinds: tuple[bool, bool] = (True, True)
 ) -> datetime | None:
     """When the next READY task in these queues becomes due (None: none waiting); kinds:
-    whether to look at (sync, async) tasks, the ones the worker has room to claim."""
+    whether to look at (sync, async) tasks, the ones the worker has room to claim.
+
+    The READY index is ordered by priority before run_after, so MIN(run_after) over it is a
+    scan of the whole backlog. Instead the first run_after of each priority present is
+    taken (_levels_cte): the cost grows with the number of distinct priorities waiting (a
+    handful; at most 201), never with the number of tasks."""
     pg = is_postgres(conn)
     flags = [flag for flag, wanted in zip(("false", "true") if pg else ("0", "1"), kinds, strict=True) if wanted]
-    if not flags:
+    queues = _distinct(queues)
+    if not flags or not queues:
         return None
-    kind = f" AND is_async = {flags[0]}" if len(flags) == 1 else ""
-    if pg:
-        sql = f"SELECT MIN(run_after) FROM ox_task WHERE status = 'READY' AND queue = ANY(%s){kind}"
-        params: list[object] = [list(queues)]
-    else:
-        marks = ", ".join(["%s"] * len(queues))
-        sql = f"SELECT MIN(run_after) FROM ox_task WHERE status = 'READY' AND queue IN ({marks}){kind}"
-        params = list(queues)
+    levels, params = _levels_cte(queues, flags)
+    sql = (
+        f"WITH RECURSIVE {levels} SELECT min((SELECT min(t.run_after) {_LEVEL_READY} AND t.priority = l.priority))"
+        " FROM levels l WHERE l.priority IS NOT NULL"
+    )
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     return _read_ts(row[0]) if row and row[0] is not None else None
+
+
+def _sqlite_levels(conn: BaseDatabaseWrapper, queues: Sequence[str]) -> dict[tuple[str, int], list[int]]:
+    """(queue, is_async) -> the priorities of its READY tasks, highest first."""
+    levels, params = _levels_cte(queues, ("0", "1"))
+    out: dict[tuple[str, int], list[int]] = {}
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"WITH RECURSIVE {levels} SELECT queue, is_async, priority FROM levels WHERE priority IS NOT NULL",
+            params,
+        )
+        for queue, flag, priority in cursor.fetchall():
+            out.setdefault((queue, int(flag)), []).append(int(priority))
+    for found in out.values():
+        found.sort(reverse=True)
+    return out
 
 
 # Constants stay in the text; the READY row's other columns take their model defaults.

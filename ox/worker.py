@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
-from django.utils import timezone
 
-from ox import sql
+from ox import clock, sql
 from ox.backend import OxBackend
 from ox.claims import Claims, Held
 from ox.completer import Completer
@@ -67,7 +66,9 @@ class Worker:
             raise ValueError(f"Queues not configured for backend {backend.alias!r}: {', '.join(unknown)}")
         self.alias = database_for(backend)
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.lock_key = random.randint(1, 2**31 - 1)  # noqa: S311
+        # 0: no liveness lock. Behind a transaction pooler a session lock would stay with the
+        # pooler's server connection, not this worker's life; rescue waits for the lease.
+        self.lock_key = 0 if self.options.pooled else random.randint(1, 2**31 - 1)  # noqa: S311
         self.poll_interval = settings.poll_interval or self.options.poll_interval
         self.sender = type(backend)
         self.outcomes: queue.Queue[Any] = queue.Queue()
@@ -143,8 +144,9 @@ class Worker:
         self.aio = AsyncExecutor(
             self.settings.async_concurrency, self.sender, self.outcomes, self.options, self._on_start
         )
-        if self.options.notify and Listener.available(self.alias):
-            self.listener = Listener(self.alias, self._on_notify)
+        listen_alias = self.options.listen_alias(self.alias)
+        if listen_alias is not None and Listener.available(listen_alias):
+            self.listener = Listener(listen_alias, self._on_notify)
             self.listener.start()
         event(
             logger,
@@ -171,7 +173,7 @@ class Worker:
                 queues=self.settings.queues,
                 concurrency=self.settings.concurrency,
                 lock_key=self.lock_key if sql.is_postgres(self.conn) else 0,
-                now=timezone.now(),
+                now=clock.db_now(self.conn),
             ),
         )
 
@@ -188,8 +190,9 @@ class Worker:
             self.outcomes.put(_STARTED)
 
     def _connect(self) -> None:
-        self.conn = open_worker_connection(self.alias)
-        sql.hold_worker_lock(self.conn, self.lock_key)
+        self.conn = open_worker_connection(self.alias, pooled=self.options.pooled)
+        if self.lock_key:
+            sql.hold_worker_lock(self.conn, self.lock_key)
 
     def _done(self) -> bool:
         busy = bool(self.held or self.completer or self.to_hand_back)
@@ -215,13 +218,13 @@ class Worker:
             earliest = sql.earliest_ready(self.conn, self.settings.queues)
         except DatabaseError:
             return True  # cannot tell: carry on (the loop reconnects)
-        return earliest is not None and earliest <= timezone.now()
+        return earliest is not None and earliest <= clock.db_now(self.conn)
 
     def _finish(self) -> int:
         try:
             self._guard(self._hand_back)
             self._guard(lambda: self.completer.flush(self.conn))
-            sql.worker_stopped(self.conn, self.id, timezone.now())
+            sql.worker_stopped(self.conn, self.id, clock.db_now(self.conn))
         except (DatabaseError, AttributeError) as exc:
             event(logger, logging.ERROR, f"worker could not record its stop: {exc}", worker=self.id)
         left = [h.claimed for h in self.held.values()]
@@ -271,6 +274,7 @@ class Worker:
                 self._close_quietly()
             try:
                 self._connect()
+                clock.forget(self.conn)  # the server may be another one now (a failover)
                 self.reconnected, self.reconnected_at = True, time.monotonic()
                 event(logger, logging.INFO, "reconnected", worker=self.id)
                 return
@@ -359,7 +363,7 @@ class Worker:
             if now >= next_run[0]:
                 next_run[0] = now + duty.interval
                 try:
-                    duty.run(self.conn, timezone.now())
+                    duty.run(self.conn, clock.db_now(self.conn))
                 except (OperationalError, InterfaceError):
                     raise
                 except Exception as exc:  # noqa: BLE001  (a duty's bug must not stop the tasks)
@@ -373,7 +377,7 @@ class Worker:
             taken += [p.key for ex in (self.sync, self.aio) if ex is not None for p in ex.take_back()]
         if not taken:
             return
-        count = sql.hand_back(self.conn, taken, timezone.now())
+        count = sql.hand_back(self.conn, taken, clock.db_now(self.conn))
         self.to_hand_back = []
         for key in taken:
             self.held.pop(key, None)

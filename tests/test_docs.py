@@ -272,6 +272,33 @@ MAKES = {
     "ox.W002": {"TASKS": tasks_with({"PREFETCH": 10, "MAX_LOST": 1})},
     "ox.W003": {"TASKS": tasks_with({"HEARTBEAT": 15, "LEASE": 30})},
     "ox.W004": {"OX_METRICS_TOKEN": "short"},
+    "ox.E009": {
+        "DATABASES": {**DATABASES, "jobs": {**DATABASES["default"], "ENGINE": "django.db.backends.postgresql"}},
+        "TASKS": tasks_with({"DATABASE": "jobs", "LISTEN_DATABASE": "direct"}),
+    },
+    "ox.E010": {
+        "DATABASES": {**DATABASES, "jobs": sqlite_without_wal()},
+        "TASKS": tasks_with({"DATABASE": "jobs", "POOLER": "transaction"}),
+    },
+    "ox.W005": {
+        "DATABASES": {
+            **DATABASES,
+            "jobs": {
+                **DATABASES["default"],
+                "DISABLE_SERVER_SIDE_CURSORS": True,
+                "ENGINE": "django.db.backends.postgresql",
+                "OPTIONS": {"server_side_binding": True, "prepare_threshold": 5},
+            },
+        },
+        "TASKS": tasks_with({"DATABASE": "jobs", "POOLER": "transaction"}),
+    },
+    "ox.W006": {
+        "DATABASES": {
+            **DATABASES,
+            "jobs": {**DATABASES["default"], "ENGINE": "django.db.backends.postgresql", "OPTIONS": {}},
+        },
+        "TASKS": tasks_with({"DATABASE": "jobs", "POOLER": "transaction"}),
+    },
 }
 
 
@@ -352,9 +379,19 @@ def test_only_the_modules_the_layout_names_run_raw_sql():
     runs_sql = sorted(
         p.name for p in (ROOT / "ox").glob("*.py") if re.search(r"\.execute\(|executemany\(|\.copy\(", p.read_text())
     )
-    said = {"sql.py", "periodic.py", "prune.py", "tablehealth.py", "connection.py", "listener.py"}
+    said = {
+        "sql.py",
+        "periodic.py",
+        "prune.py",
+        "tablehealth.py",
+        "connection.py",
+        "listener.py",
+        "clock.py",
+        "health.py",
+    }
     assert set(runs_sql) == said
     assert "each runs its own SQL" in layout and "in SQL" in layout and "its own session" in layout
+    assert "one SELECT of its own" in layout and "backlog counts in SQL of its own" in layout
 
 
 def test_ox_imports_nothing_from_dashboard():

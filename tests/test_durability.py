@@ -10,7 +10,7 @@ from django.tasks import TaskResultStatus, task_backends
 from django.utils import timezone
 
 import ox
-from ox import sql
+from ox import clock, sql
 from ox.models import Attempt, Outcome, Status, Task, Worker
 from tests import gated_tasks, tasks
 from tests.helpers import wait_until
@@ -50,7 +50,7 @@ def test_heartbeat_renews_leases_and_worker_row(start_worker, tmp_path):
 def test_expired_lease_is_rescued_with_a_lost_attempt():
     # A RUNNING row whose lease ran out (its worker vanished without trace).
     r = tasks.echo.enqueue(1)
-    now = timezone.now()
+    now = clock.db_now(connection)
     (claimed,) = sql.claim(connection, "ghost", ["default"], 1, now, now + timezone.timedelta(seconds=1))
     assert sql.rescue(connection, now) == []  # lease still valid
     rescued = sql.rescue(connection, now + timezone.timedelta(seconds=2))
@@ -65,7 +65,7 @@ def test_expired_lease_is_rescued_with_a_lost_attempt():
 def test_lost_attempts_do_not_spend_the_budget_until_max_lost():
     # max_attempts=1: a worker dying under it must not fail a task that may never have run...
     r = tasks.fails_once_only.enqueue()
-    now = timezone.now()
+    now = clock.db_now(connection)
     for lost in range(1, 4):
         sql.claim(connection, f"ghost{lost}", ["default"], 1, now, now)
         now += timezone.timedelta(seconds=1)
@@ -81,7 +81,7 @@ def test_lost_attempts_do_not_spend_the_budget_until_max_lost():
 
 def test_fenced_writes_match_nothing_after_a_rescue():
     r = tasks.echo.enqueue(1)
-    now = timezone.now()
+    now = clock.db_now(connection)
     (old,) = sql.claim(connection, "old", ["default"], 1, now, now)
     sql.rescue(connection, now + timezone.timedelta(seconds=1))
     later = now + timezone.timedelta(seconds=1)

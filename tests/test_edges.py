@@ -13,7 +13,7 @@ from django.tasks import TaskResultStatus, task_backends
 from django.utils import timezone
 
 import ox
-from ox import sql
+from ox import clock, sql
 from ox.completer import Completer
 from ox.conf import OxOptions
 from ox.execution import SUCCESSFUL, Finished
@@ -87,7 +87,7 @@ def test_a_batch_the_database_refuses_is_split_until_the_poison_row_is_found():
     # other completions of the batch are written, the poison one fails with the reason.
     for i in range(7):
         tasks.echo.enqueue(i)
-    now = timezone.now()
+    now = clock.db_now(connection)
     claimed = sql.claim(connection, "w", ["default"], 7, now, now + timezone.timedelta(minutes=1))
     completer = Completer("w", OxOptions(), object)
     for i, c in enumerate(claimed):
@@ -162,7 +162,7 @@ def test_cancel_of_a_running_task_holds_when_its_attempt_fails_first(start_worke
 
 def test_cancel_requested_survives_rescue_and_hand_back():
     a, b = tasks.echo.enqueue(1), tasks.echo.enqueue(2)
-    now = timezone.now()
+    now = clock.db_now(connection)
     ca, cb = sql.claim(connection, "ghost", ["default"], 2, now, now)
     assert ox.cancel([a.id, b.id]).cancel_requested == 2
     later = now + timezone.timedelta(seconds=1)
@@ -228,7 +228,7 @@ def test_prefetched_task_reads_ready_until_its_body_starts(start_worker):
 
 def test_handed_back_tasks_read_as_never_started():
     r = tasks.echo.enqueue(1)
-    now = timezone.now()
+    now = clock.db_now(connection)
     (c,) = sql.claim(connection, "w", ["default"], 1, now, now + timezone.timedelta(minutes=1))
     sql.hand_back(connection, [c.key], now)
     back = row(r)
@@ -329,7 +329,7 @@ def test_a_worker_whose_idle_connections_are_cut_keeps_every_task_moving(start_w
 
 
 def test_get_result_task_keeps_its_run_after_through_failures_and_retries():
-    later = timezone.now() + timezone.timedelta(seconds=1)
+    later = clock.db_now(connection) + timezone.timedelta(seconds=1)
     task = tasks.fail_until_third.using(run_after=later)
     r = task.enqueue("deferred")
     now = later + timezone.timedelta(seconds=1)

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from ox import sql
+from ox import clock, sql
 from ox.listener import CHANNEL
 from ox.models import Status, Task, Worker
 from ox.prefetch import Prefetch
@@ -94,10 +94,10 @@ def test_notify_trigger_fires_once_per_insert_statement_and_only_on_commit():
 def test_complete_and_claim_is_one_statement(django_assert_num_queries):
     for i in range(6):
         tasks.echo.enqueue(i)
-    now = timezone.now()
+    now = clock.db_now(connection)
     first = sql.claim(connection, "w", ["default"], 3, now, now + timezone.timedelta(minutes=1))
     done = [sql.Completion(c.id, c.fence, "1", now, now) for c in first]
-    expected = 1 if connection.vendor == "postgresql" else 4  # SQLite: BEGIN, two statements, COMMIT
+    expected = 1 if connection.vendor == "postgresql" else 5  # SQLite: BEGIN, three statements, COMMIT
     with django_assert_num_queries(expected):
         written, claimed = sql.complete_and_claim(connection, done, "w", ["default"], (3, 0), now, now)
     assert written == {c.key for c in first} and len(claimed) == 3
