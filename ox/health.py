@@ -11,11 +11,13 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connections
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from ox.conf import OxOptions
 from ox.models import Status, Task, Worker
+from ox.paging import COUNT_CAP
 from ox.tablehealth import TableHealth, table_health
 
 STALE_FORGET = timedelta(hours=1)
@@ -45,10 +47,13 @@ class Thresholds:
 @dataclass(frozen=True)
 class QueueCounts:
     queue: str
-    ready: int = 0  # READY and due now: the backlog
-    scheduled: int = 0  # READY with a run_after in the future
+    ready: int = 0  # READY and due now: the backlog (at most the cap; see ready_capped)
+    scheduled: int = 0  # READY with a run_after in the future (at most the cap)
     running: int = 0
     oldest_ready_age: float = 0.0  # seconds the oldest due READY task has waited
+    # True: the count stopped at the cap, and there are more than `ready` (`scheduled`).
+    ready_capped: bool = False
+    scheduled_capped: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,36 +66,123 @@ def _tasks(using: str | None) -> Any:
     return Task.objects.using(using) if using else Task.objects.all()
 
 
-def queue_counts(now: datetime, using: str | None = None, queues: Any = ()) -> list[QueueCounts]:
-    """Live tasks per queue in one query over the READY and RUNNING partial indexes; every
-    queue in `queues` is listed, with zeros when empty."""
-    due = Q(status=Status.READY, run_after__lte=now)
-    rows = (
-        _tasks(using)
-        # Two equalities, not `status IN (...)`: each arm implies one partial index's predicate
-        # (the claim index, the lease index), so the planner ORs two small index scans; an IN
-        # list implies neither and reads the whole table, finished history included.
-        .filter(Q(status=Status.READY) | Q(status=Status.RUNNING))
-        .values("queue")
-        .annotate(
-            ready=Count("pk", filter=due),
-            scheduled=Count("pk", filter=Q(status=Status.READY, run_after__gt=now)),
-            running=Count("pk", filter=Q(status=Status.RUNNING)),
-            oldest=Min("run_after", filter=due),
+@dataclass(frozen=True)
+class Backlog:
+    """A queue's READY tasks: counts that stop at a cap, and the oldest due one."""
+
+    queue: str
+    ready: int  # min(due, cap)
+    scheduled: int  # min(scheduled, cap)
+    ready_capped: bool  # more than `ready` are due
+    scheduled_capped: bool
+    oldest_ready_at: datetime | None  # the earliest run_after among due tasks
+
+
+# The claim index is (queue, is_async, priority DESC, run_after, id) over READY rows. Its
+# (queue, is_async, priority) groups are found by a loose index scan (one probe per group, not
+# one row per task); within a group, due tasks are a range of run_after, so each count is an
+# index-only range scan, and the outer LIMIT stops the nested loop over a queue's groups at
+# cap + 1 entries: a count costs at most cap + 1 index entries plus one probe per group, however
+# long the backlog. The oldest due task is the first entry of some group.
+BACKLOG_SQL = """
+WITH RECURSIVE grp AS (
+    (SELECT queue, is_async, priority FROM ox_task WHERE status = 'READY'
+     ORDER BY queue, is_async, priority DESC LIMIT 1)
+    UNION ALL
+    SELECT nxt.queue, nxt.is_async, nxt.priority FROM grp g CROSS JOIN LATERAL (
+        (SELECT t.queue, t.is_async, t.priority FROM ox_task t
+         WHERE t.status = 'READY' AND t.queue = g.queue AND t.is_async = g.is_async AND t.priority < g.priority
+         ORDER BY t.priority DESC LIMIT 1)
+        UNION ALL
+        (SELECT t.queue, t.is_async, t.priority FROM ox_task t
+         WHERE t.status = 'READY' AND t.queue = g.queue AND t.is_async > g.is_async
+         ORDER BY t.is_async, t.priority DESC LIMIT 1)
+        UNION ALL
+        (SELECT t.queue, t.is_async, t.priority FROM ox_task t
+         WHERE t.status = 'READY' AND t.queue > g.queue
+         ORDER BY t.queue, t.is_async, t.priority DESC LIMIT 1)
+        LIMIT 1
+    ) nxt
+)
+SELECT q.queue,
+    (SELECT count(*) FROM (
+        SELECT 1 FROM grp g CROSS JOIN LATERAL (
+            SELECT 1 FROM ox_task t
+            WHERE t.status = 'READY' AND t.queue = g.queue AND t.is_async = g.is_async
+              AND t.priority = g.priority AND t.run_after <= %(now)s
+            LIMIT %(limit)s) x
+        WHERE g.queue = q.queue LIMIT %(limit)s) c),
+    (SELECT count(*) FROM (
+        SELECT 1 FROM grp g CROSS JOIN LATERAL (
+            SELECT 1 FROM ox_task t
+            WHERE t.status = 'READY' AND t.queue = g.queue AND t.is_async = g.is_async
+              AND t.priority = g.priority AND t.run_after > %(now)s
+            LIMIT %(limit)s) x
+        WHERE g.queue = q.queue LIMIT %(limit)s) c),
+    (SELECT min(f.run_after) FROM grp g CROSS JOIN LATERAL (
+        SELECT t.run_after FROM ox_task t
+        WHERE t.status = 'READY' AND t.queue = g.queue AND t.is_async = g.is_async AND t.priority = g.priority
+        ORDER BY t.run_after LIMIT 1) f
+     WHERE g.queue = q.queue AND f.run_after <= %(now)s)
+FROM (SELECT DISTINCT queue FROM grp) q
+ORDER BY q.queue
+"""
+
+
+def backlog(now: datetime, using: str | None = None, cap: int | None = None) -> dict[str, Backlog]:
+    """READY tasks per queue that has any: due and scheduled counted up to `cap` (default
+    COUNT_CAP; past it, the count says "more than cap"), and the oldest due. Index-only and
+    bounded on PostgreSQL; other databases (SQLite, for development) count exactly, then cap, so
+    both show the same."""
+    cap = COUNT_CAP if cap is None else cap  # read at call time: tests lower it
+    tasks = _tasks(using)
+    conn = connections[tasks.db]
+    if conn.vendor == "postgresql":
+        with conn.cursor() as cursor:
+            cursor.execute(BACKLOG_SQL, {"now": now, "limit": cap + 1})
+            rows = cursor.fetchall()
+    else:
+        rows = (
+            tasks.filter(status=Status.READY)
+            .values("queue")
+            .annotate(
+                due=Count("pk", filter=Q(run_after__lte=now)),
+                later=Count("pk", filter=Q(run_after__gt=now)),
+                oldest=Min("run_after", filter=Q(run_after__lte=now)),
+            )
+            .order_by("queue")
+            .values_list("queue", "due", "later", "oldest")
         )
-        .order_by("queue")
-    )
-    found = {
-        r["queue"]: QueueCounts(
-            r["queue"],
-            r["ready"],
-            r["scheduled"],
-            r["running"],
-            max((now - r["oldest"]).total_seconds(), 0.0) if r["oldest"] else 0.0,
-        )
-        for r in rows
+    return {
+        queue: Backlog(queue, min(due, cap), min(later, cap), due > cap, later > cap, oldest)
+        for queue, due, later, oldest in rows
     }
-    return [found.get(q, QueueCounts(q)) for q in sorted(set(queues) | set(found))]
+
+
+def running_counts(using: str | None = None) -> dict[str, int]:
+    """RUNNING tasks per queue, from the lease index (a worker holds at most its concurrency)."""
+    rows = _tasks(using).filter(status=Status.RUNNING).values("queue").annotate(n=Count("pk")).order_by()
+    return {r["queue"]: r["n"] for r in rows}
+
+
+def queue_counts(
+    now: datetime, using: str | None = None, queues: Any = (), cap: int | None = None
+) -> list[QueueCounts]:
+    """Live tasks per queue: the backlog (counts capped at `cap`) and what runs. Every queue in
+    `queues` is listed, with zeros when empty."""
+    ready = backlog(now, using, cap)
+    running = running_counts(using)
+    found = []
+    for queue in sorted(set(queues) | set(ready) | set(running)):
+        b = ready.get(queue)
+        if b is None:
+            found.append(QueueCounts(queue, running=running.get(queue, 0)))
+            continue
+        age = max((now - b.oldest_ready_at).total_seconds(), 0.0) if b.oldest_ready_at else 0.0
+        found.append(
+            QueueCounts(queue, b.ready, b.scheduled, running.get(queue, 0), age, b.ready_capped, b.scheduled_capped)
+        )
+    return found
 
 
 def worker_counts(now: datetime, stale_after: float, using: str | None = None) -> WorkerCounts:
@@ -118,7 +210,12 @@ class Health:
 
     @property
     def backlog(self) -> int:
+        """Due tasks over all queues; at least this many when backlog_capped."""
         return sum(q.ready for q in self.queues)
+
+    @property
+    def backlog_capped(self) -> bool:
+        return any(q.ready_capped for q in self.queues)
 
     @property
     def oldest_ready_age(self) -> float:
@@ -133,6 +230,7 @@ class Health:
             "problems": self.problems,
             "checked_at": self.checked_at.isoformat(),
             "backlog": self.backlog,
+            "backlog_capped": self.backlog_capped,
             "oldest_ready_age": round(self.oldest_ready_age, 3),
             "queues": [asdict(q) for q in self.queues],
             "workers": asdict(self.workers),
@@ -146,13 +244,15 @@ def check_health(
 ) -> Health:
     """Read the queue's state and list every threshold it crosses."""
     now = now or timezone.now()
-    counts = queue_counts(now, using, queues)
+    # Counted up to the threshold at least, so that a capped count still says "over it".
+    counts = queue_counts(now, using, queues, cap=max(COUNT_CAP, thresholds.max_backlog))
     workers = worker_counts(now, thresholds.stale_after, using)
     table = table_health(using, thresholds.max_xact_age)
     health = Health(now, thresholds, counts, workers, table)
     t, problems = thresholds, health.problems
-    if health.backlog > t.max_backlog:
-        problems.append(f"backlog: {health.backlog} due tasks waiting (max {t.max_backlog})")
+    if health.backlog > t.max_backlog or health.backlog_capped:
+        more = "more than " if health.backlog_capped else ""
+        problems.append(f"backlog: {more}{health.backlog} due tasks waiting (max {t.max_backlog})")
     if health.oldest_ready_age > t.max_ready_age:
         problems.append(f"oldest ready task has waited {health.oldest_ready_age:.0f}s (max {t.max_ready_age:.0f}s)")
     if workers.stale > t.max_stale_workers:

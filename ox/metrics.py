@@ -3,8 +3,10 @@
 staff user who may view tasks.
 
 Counts come from the database at scrape time, so every web process reports the same
-numbers. Finished tasks and failed attempts are counted over a recent window (indexed
-range scans), not over the whole table: a whole-table count is a table scan per scrape.
+numbers. The backlog's counts stop at ox.paging.COUNT_CAP per queue (ox_tasks_capped says
+when), read from the claim index alone; the oldest ready age is exact. Finished tasks and
+failed attempts are counted over a recent window (indexed range scans), not over the whole
+table: a whole-table count is a table scan per scrape.
 """
 
 import hmac
@@ -21,6 +23,7 @@ from django.views.decorators.http import require_GET
 
 from ox.health import queue_counts, worker_counts
 from ox.models import FINISHED, Attempt, Outcome, Task
+from ox.paging import COUNT_CAP
 from ox.periodic import schedule_status
 from ox.stats import each_status
 from ox.tablehealth import table_health
@@ -88,11 +91,23 @@ def render_metrics(now: datetime | None = None, using: str | None = None) -> str
     out += _family(
         "ox_tasks",
         "gauge",
-        "Live tasks per queue and state: READY (due now), SCHEDULED (READY, run_after in the future), RUNNING.",
+        "Live tasks per queue and state: READY (due now), SCHEDULED (READY, run_after in the future), RUNNING."
+        f" READY and SCHEDULED are counted up to {COUNT_CAP} (see ox_tasks_capped).",
         [
             ({"queue": q.queue, "status": status}, value)
             for q in counts
             for status, value in (("READY", q.ready), ("SCHEDULED", q.scheduled), ("RUNNING", q.running))
+        ],
+    )
+    out += _family(
+        "ox_tasks_capped",
+        "gauge",
+        f"1 when the queue's ox_tasks count stopped at {COUNT_CAP}: there are more (counting a backlog of"
+        " millions exactly would cost a scan per scrape).",
+        [
+            ({"queue": q.queue, "status": status}, int(flag))
+            for q in counts
+            for status, flag in (("READY", q.ready_capped), ("SCHEDULED", q.scheduled_capped))
         ],
     )
     out += _family(

@@ -104,6 +104,17 @@ class Task(models.Model):
                 name="ox_task_done_queue",
                 condition=Q(status__in=["SUCCESSFUL", "FAILED", "CANCELLED"]),
             ),
+            # The task list and the admin search by task path over READY rows (the claim index
+            # has no path: a path matching nothing read every READY row). An enqueue adds one
+            # entry; a claim none (the claimed row is RUNNING, outside the predicate). (0010)
+            models.Index(fields=["task_path", "id"], name="ox_task_ready_path", condition=Q(status="READY")),
+            # Failed or cancelled tasks newest first, without walking the primary key through
+            # the READY backlog (the newest ids) to find them. Only failures and cancels write it.
+            models.Index(
+                fields=["status", "id"],
+                name="ox_task_failed_status",
+                condition=Q(status__in=["FAILED", "CANCELLED"]),
+            ),
         ]
         constraints = [
             models.CheckConstraint(

@@ -1,8 +1,10 @@
 """Read-only queries for operators: queue depth, throughput, leases, workers, one task's history.
 
 Every function costs a fixed, small number of queries, each on an index: READY counts read the
-partial claim index, RUNNING rows the partial lease index, and recent outcomes a range of the
-(status, finished_at) index. Nothing here scans the finished history, however long it grows.
+partial claim index (index-only, and stopping at ox.paging.COUNT_CAP per queue: see
+ox.health.backlog), RUNNING rows the partial lease index, and recent outcomes a range of the
+(status, finished_at) index. Nothing here scans the finished history or the whole backlog,
+however long they grow.
 """
 
 import uuid
@@ -10,12 +12,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Q
 from django.db.models.functions import TruncMinute
 from django.tasks import task_backends
 from django.utils import timezone
 
 from ox.backend import OxBackend
+from ox.health import backlog, running_counts
 from ox.models import FINISHED, Attempt, Status, Task, Worker
 from ox.results import attempts_to_load
 
@@ -53,6 +56,9 @@ class QueueStats:
     oldest_ready_at: datetime | None = None  # the earliest run_after among due READY tasks
     succeeded_1h: int = 0
     failed_1h: int = 0
+    # The READY counts stopped at ox.paging.COUNT_CAP: there are more than `ready` (`scheduled`).
+    ready_capped: bool = False
+    scheduled_capped: bool = False
 
     @property
     def finished_1h(self) -> int:
@@ -70,6 +76,9 @@ class QueueStats:
     def add(self, other: "QueueStats") -> None:
         for name in ("ready", "scheduled", "running", "failed_24h", "succeeded_1h", "failed_1h"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        # A sum with a capped part is a lower bound too.
+        self.ready_capped = self.ready_capped or other.ready_capped
+        self.scheduled_capped = self.scheduled_capped or other.scheduled_capped
         if other.oldest_ready_at and (self.oldest_ready_at is None or other.oldest_ready_at < self.oldest_ready_at):
             self.oldest_ready_at = other.oldest_ready_at
 
@@ -102,21 +111,14 @@ def overview(now: datetime | None = None, using: str | None = None) -> Overview:
     def stats(queue: str) -> QueueStats:
         return per_queue.setdefault(queue, QueueStats(queue))
 
-    ready = (
-        tasks.ready()
-        .values("queue")
-        .annotate(
-            due=Count("pk", filter=Q(run_after__lte=now)),
-            later=Count("pk", filter=Q(run_after__gt=now)),
-            oldest=Min("run_after", filter=Q(run_after__lte=now)),
-        )
-        .order_by()
-    )
-    for row in ready:
-        s = stats(row["queue"])
-        s.ready, s.scheduled, s.oldest_ready_at = row["due"], row["later"], row["oldest"]
-    for row in tasks.running().values("queue").annotate(n=Count("pk")).order_by():
-        stats(row["queue"]).running = row["n"]
+    # The backlog's counts stop at COUNT_CAP per queue (a backlog of millions is not counted in
+    # 100 ms; "more than 10000" is what an operator acts on); the oldest due task is exact.
+    for queue, b in backlog(now, using).items():
+        s = stats(queue)
+        s.ready, s.scheduled, s.oldest_ready_at = b.ready, b.scheduled, b.oldest_ready_at
+        s.ready_capped, s.scheduled_capped = b.ready_capped, b.scheduled_capped
+    for queue, n in running_counts(using).items():
+        stats(queue).running = n
     failed = tasks.filter(status=Status.FAILED, finished_at__gte=now - FAILED_WINDOW)
     for row in failed.values("queue").annotate(n=Count("pk")).order_by():
         stats(row["queue"]).failed_24h = row["n"]

@@ -241,3 +241,16 @@ def test_workers_live_and_stale(client, staff):
 def test_filter_form_labels(client, staff):
     body = client.get(reverse("dashboard:tasks")).content.decode()
     assert "Enqueued after" in body and "Enqueued before" in body and "[invalid name]" not in body
+
+
+def test_overview_shows_capped_backlog_counts(client, staff, monkeypatch):
+    monkeypatch.setattr("ox.health.COUNT_CAP", 2)
+    for _ in range(3):
+        make_task(queue="emails")
+    make_task(queue="emails", run_after=timezone.now() + timedelta(hours=1))
+    response = client.get(reverse("dashboard:overview"), headers={"HX-Request": "true"})
+    emails = {q.queue: q for q in response.context["overview"].queues}["emails"]
+    assert (emails.ready, emails.ready_capped, emails.scheduled, emails.scheduled_capped) == (2, True, 1, False)
+    html = response.content.decode()
+    assert 'data-stat="ready"><span title="counted up to 2: there are more">2+</span>' in html
+    assert '<td class="num" data-stat="scheduled">1</td>' in html

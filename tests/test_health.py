@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 from django.utils import timezone
 
-from ox.health import STALE_FORGET, Thresholds, check_health
+from ox.health import STALE_FORGET, Thresholds, check_health, queue_counts
 from ox.models import Status, Task, Worker
 from tests import tasks
 from tests.conftest import ROOT
@@ -128,3 +128,27 @@ def test_exit_codes_from_a_real_subprocess(worker_env):
     unreachable = {**worker_env, "DATABASE_URL": "postgres://postgres@127.0.0.1:1/none"}
     down = run(env=unreachable)
     assert down.returncode == 2 and "cannot read the database" in down.stderr
+
+
+def test_queue_counts_stop_at_the_cap_and_oldest_stays_exact():
+    now = timezone.now()
+    for minutes in (5, 3, 1):
+        tasks.echo.using(run_after=now - timedelta(minutes=minutes)).enqueue(minutes)
+        tasks.echo.using(run_after=now + timedelta(minutes=minutes)).enqueue(minutes)
+    [capped] = queue_counts(now, cap=2)
+    assert (capped.ready, capped.ready_capped, capped.scheduled, capped.scheduled_capped) == (2, True, 2, True)
+    assert capped.oldest_ready_age == pytest.approx(300, abs=1)
+    [exact] = queue_counts(now, cap=3)
+    assert (exact.ready, exact.ready_capped, exact.scheduled, exact.scheduled_capped) == (3, False, 3, False)
+
+
+def test_a_capped_backlog_is_over_the_threshold(monkeypatch):
+    monkeypatch.setattr("ox.health.COUNT_CAP", 2)
+    for i in range(3):
+        tasks.echo.enqueue(i)
+    h = check_health(Thresholds(max_backlog=2))
+    assert (h.backlog, h.backlog_capped) == (2, True)
+    assert h.problems == ["backlog: more than 2 due tasks waiting (max 2)"]
+    # The count goes as far as the threshold: a threshold over the cap is still compared exactly.
+    h = check_health(Thresholds(max_backlog=3))
+    assert (h.backlog, h.backlog_capped, h.problems) == (3, False, [])

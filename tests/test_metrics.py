@@ -105,6 +105,7 @@ def test_format_and_values(admin_client):
     assert value("ox_tasks", queue="other", status="SCHEDULED") == 1
     assert value("ox_tasks", queue="emails", status="RUNNING") == 0
     assert value("ox_oldest_ready_age_seconds", queue="default") == 90
+    assert value("ox_tasks_capped", queue="default", status="READY") == 0
     assert value("ox_tasks_finished_recent", queue="default", status="SUCCESSFUL") == 1
     assert value("ox_tasks_finished_recent", queue="default", status="FAILED") == 1
     assert value("ox_attempts_failed_recent", outcome="timed_out") == 1
@@ -145,3 +146,13 @@ def test_label_values_are_escaped():
 
     lines = _family("m", "gauge", "help", [({"queue": 'a"b\\c\nd'}, 1)])
     assert lines[-1] == 'm{queue="a\\"b\\\\c\\nd"} 1'
+
+
+def test_backlog_counts_stop_at_the_cap(monkeypatch):
+    monkeypatch.setattr("ox.health.COUNT_CAP", 2)
+    for i in range(3):
+        tasks.echo.enqueue(i)
+    samples = parse(render_metrics())
+    assert samples[("ox_tasks", frozenset({"queue": "default", "status": "READY"}.items()))] == 2
+    assert samples[("ox_tasks_capped", frozenset({"queue": "default", "status": "READY"}.items()))] == 1
+    assert samples[("ox_tasks_capped", frozenset({"queue": "default", "status": "SCHEDULED"}.items()))] == 0

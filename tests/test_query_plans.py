@@ -10,6 +10,10 @@ leave it.
   the table, or a whole index, through touches twice as many. The one kind allowed to change is
   a count that stopped at its cap (10,001 rows): what it costs depends on how many rows match
   per page, and the planner may pick another way to find the first 10,001 as the table grows.
+- Nor with the backlog: the dashboard's counts and lists, /ox/metrics, the health check and the
+  admin touch about as many buffers after the READY backlog doubled (20,000 -> 40,000 rows),
+  the backlog counts stopping at their cap (lowered to BACKLOG_CAP here, so that a few thousand
+  rows per queue already reach it).
 """
 
 import importlib.util
@@ -19,9 +23,12 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
+from django.db.models import Count, Min
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from ox.health import Thresholds, check_health, queue_counts
+from ox.models import Status, Task
 from ox.paging import COUNT_CAP
 from tests.conftest import ROOT
 
@@ -32,10 +39,12 @@ pytestmark = [
 ]
 
 HISTORY_ROWS = 100_000  # finished tasks over the last three days; as many again, older, later
-READY_ROWS = 2_000
-# A filter matching nothing probes index roots and a leaf or two, plus, for a task path, the
-# heap pages of the READY backlog (the claim index does not hold the path): about 70 pages of
-# 2,000 READY rows.
+# A backlog a full read of which shows: 20,000 READY rows are ~100 pages of the claim index
+# and ~700 of heap; doubled, twice that.
+READY_ROWS = 20_000
+BACKLOG_CAP = 1_000  # ox.health.COUNT_CAP for the backlog test: each queue's due count reaches it
+# A filter matching nothing probes index roots and a leaf or two (a task path: the finished and
+# the READY path indexes; a queue: the finished, claim and lease indexes).
 EMPTY_BUDGET = 150
 GROWTH = 1.25  # after the history doubled, at most this many times the buffers (+ SLACK)
 SLACK = 30
@@ -51,13 +60,16 @@ def _scale_module():
 def fill_history(scale, days_back: int) -> None:
     """HISTORY_ROWS finished tasks enqueued over the three days ending `days_back` days ago, as
     dashboard_scale.py's fill (same paths, queues and status mix, UUIDv7 ids from the time)."""
-    sql = scale.FILL_FINISHED.replace(
-        "now() - interval '3 days' * (i::float8 / %(n)s)",
-        f"now() - interval '{days_back} days' - interval '3 days' * (i::float8 / %(n)s)",
-    ).replace("'f' || i::text", f"'f{days_back}' || i::text")
-    assert sql != scale.FILL_FINISHED
+    params = {"n": HISTORY_ROWS, "start": 1, "stop": HISTORY_ROWS, "days": 3, "back": days_back}
     with connection.cursor() as cursor:
-        cursor.execute(sql, {"n": HISTORY_ROWS})
+        cursor.execute(scale.FILL_FINISHED, {**params, "tag": f"f{days_back}"})
+        cursor.execute("VACUUM (ANALYZE) ox_task")
+
+
+def fill_backlog(scale, hours_back: int) -> None:
+    """READY_ROWS READY tasks enqueued over the hour ending `hours_back` hours ago."""
+    with connection.cursor() as cursor:
+        cursor.execute(scale.FILL_READY, {"n": READY_ROWS, "back": hours_back, "tag": f"r{hours_back}"})
         cursor.execute("VACUUM (ANALYZE) ox_task")
 
 
@@ -65,8 +77,8 @@ def fill_history(scale, days_back: int) -> None:
 def scale():
     scale = _scale_module()
     fill_history(scale, 0)
+    fill_backlog(scale, 0)
     with connection.cursor() as cursor:
-        cursor.execute(scale.FILL_READY, {"n": READY_ROWS})
         cursor.execute(scale.FILL_RUNNING, {})
         cursor.execute(scale.FILL_ATTEMPTS)
         cursor.execute(scale.FILL_WORKERS, {})
@@ -90,10 +102,16 @@ def explain(sql: str) -> dict:
 
 
 def task_queries(client, path: str, params: dict, htmx: bool) -> list[str]:
+    """The ox_task reads behind one request; path "check_health" is ox.health.check_health()."""
     with CaptureQueriesContext(connection) as captured:
-        response = client.get(path, params, headers={"HX-Request": "true"} if htmx else {})
-    assert response.status_code == 200, (path, params, response.status_code)
-    return [q["sql"] for q in captured.captured_queries if '"ox_task"' in q["sql"] and q["sql"].startswith("SELECT")]
+        if path == "check_health":
+            check_health(Thresholds())
+        else:
+            response = client.get(path, params, headers={"HX-Request": "true"} if htmx else {})
+            assert response.status_code == 200, (path, params, response.status_code)
+    sqls = [q["sql"] for q in captured.captured_queries]
+    # ox_task as Django quotes it, or in ox.health's raw backlog query (WITH RECURSIVE ...).
+    return [q for q in sqls if ('"ox_task"' in q or "FROM ox_task" in q) and q.lstrip().startswith(("SELECT", "WITH"))]
 
 
 def measure(client, path: str, params: dict, htmx: bool) -> tuple[list[tuple[int, bool]], list[str]]:
@@ -177,3 +195,79 @@ def test_no_page_costs_more_as_the_history_grows(client, scale):
         if now > was * GROWTH + SLACK:
             problems.append(f"{path} {params}: {was} -> {now} buffers as the history doubled")
     assert not problems, "\n".join(problems)
+
+
+BACKLOG_PAGES = [
+    ("/", {}, True),  # per-queue ready / scheduled counts and the oldest ready task
+    ("/", {}, False),
+    ("/ox/metrics", {}, False),  # the same counts, per scrape
+    ("check_health", {}, False),  # manage.py ox_health
+    ("/health/", {}, False),
+    ("/running/", {}, True),
+    ("/workers/", {}, True),
+    ("/tasks/", {}, True),
+    ("/tasks/", {"status": "READY"}, True),
+    ("/tasks/", {"status": "READY", "queue": "emails"}, True),
+    ("/tasks/", {"status": "READY", "queue": "bulk", "page": "3"}, True),  # a deep page: ids first
+    ("/tasks/", {"status": "FAILED"}, True),  # newest failures, behind the backlog's newer ids
+    ("/tasks/", {"status": "CANCELLED"}, True),
+    ("/tasks/", {"task": "app.nothing_like_this"}, True),
+    ("/tasks/", {"task": "app.send_invoice", "status": "READY"}, True),
+    ("/tasks/", {"queue": "nope"}, True),
+    ("/tasks/retry-matching/", {"queue": "emails", "status": "FAILED"}, False),
+    ("/admin/ox/task/", {}, False),
+    ("/admin/ox/task/", {"q": "zzz"}, False),
+    ("/admin/ox/task/", {"status__exact": "READY"}, False),
+    ("/admin/ox/task/", {"status__exact": "READY", "queue": "bulk"}, False),
+    ("/admin/ox/task/", {"enqueued": "1h"}, False),
+]
+
+
+def test_no_page_costs_more_as_the_backlog_grows(client, scale, monkeypatch):
+    monkeypatch.setattr("ox.health.COUNT_CAP", BACKLOG_CAP)
+    superuser_client(client)
+    before, problems = {}, []
+    for path, params, htmx in BACKLOG_PAGES:
+        before[(path, str(params))], found = measure(client, path, params, htmx)
+        problems += found
+    fill_backlog(scale, 1)  # the backlog doubles: as many READY tasks again, enqueued an hour earlier
+    for path, params, htmx in BACKLOG_PAGES:
+        after, found = measure(client, path, params, htmx)
+        problems += found
+        then = before[(path, str(params))]
+        assert len(then) == len(after), (path, params)
+        kept = [(b, a) for (b, b_capped), (a, a_capped) in zip(then, after, strict=True) if not (b_capped and a_capped)]
+        was, now = sum(b for b, _ in kept), sum(a for _, a in kept)
+        if now > was * GROWTH + SLACK:
+            problems.append(f"{path} {params}: {was} -> {now} buffers as the backlog doubled")
+    assert not problems, "\n".join(problems)
+
+
+def test_backlog_counts_stop_at_the_cap_and_the_oldest_is_exact(scale):
+    """What the overview, /ox/metrics and the health check show over 20,000 READY rows: counts
+    that stop at the cap per queue, and the oldest due task exactly (the fill's first row)."""
+    now = timezone.now()
+    counts = {q.queue: q for q in queue_counts(now, cap=BACKLOG_CAP)}
+    assert set(counts) >= {"default", "emails", "reports", "bulk"}
+    for queue in ("default", "emails", "reports", "bulk"):
+        assert (counts[queue].ready, counts[queue].ready_capped) == (BACKLOG_CAP, True), queue
+    exact = {q.queue: q for q in queue_counts(now, cap=READY_ROWS)}
+    due = dict(
+        Task.objects.filter(status=Status.READY, run_after__lte=now)
+        .values("queue")
+        .annotate(n=Count("pk"))
+        .values_list("queue", "n")
+    )
+    later = dict(
+        Task.objects.filter(status=Status.READY, run_after__gt=now)
+        .values("queue")
+        .annotate(n=Count("pk"))
+        .values_list("queue", "n")
+    )
+    assert {q: c.ready for q, c in exact.items() if c.ready} == due
+    assert {q: c.scheduled for q, c in exact.items() if c.scheduled} == later
+    assert not any(c.ready_capped or c.scheduled_capped for c in exact.values())
+    for queue, c in exact.items():
+        oldest = Task.objects.filter(status=Status.READY, queue=queue, run_after__lte=now).aggregate(m=Min("run_after"))
+        assert counts[queue].oldest_ready_age == c.oldest_ready_age
+        assert c.oldest_ready_age == pytest.approx((now - oldest["m"]).total_seconds()), queue

@@ -104,3 +104,11 @@ def percent(value: float | None) -> str:
 @register.filter
 def rate(value: float) -> str:
     return f"{value:.1f}" if value < 100 else f"{value:,.0f}"
+
+
+@register.simple_tag
+def capped(value: int, is_capped: bool) -> str:
+    """A count that may have stopped at the cap: "10000+" (with a title saying so) when it did."""
+    if not is_capped:
+        return str(value)
+    return format_html('<span title="counted up to {}: there are more">{}+</span>', value, value)

@@ -4,6 +4,7 @@ from django.utils import timezone
 from dashboard.access import view_task_required
 from dashboard.rendering import render_page
 from ox import stats
+from ox.paging import COUNT_CAP
 
 
 @view_task_required
@@ -16,4 +17,5 @@ def overview(request: HttpRequest) -> HttpResponse:
             {"label": "failed", "data": data.failed_per_minute, "color": "#d64545"},
         ],
     }
-    return render_page(request, "dashboard/overview.html", {"overview": data, "chart": chart}, "live")
+    context = {"overview": data, "chart": chart, "count_cap": COUNT_CAP}
+    return render_page(request, "dashboard/overview.html", context, "live")
