@@ -18,10 +18,11 @@ def main() -> None:
         import django
 
         django.setup()
-        from bench import jobs
+        from bench import jobs, scale
         from bench.arms import load
 
-        result = jobs.JOBS[job["job"]](load(job["arm"]), job.get("params", {}))
+        registry = {**jobs.JOBS, **scale.JOBS}
+        result = registry[job["job"]](load(job["arm"]), job.get("params", {}))
         out = {"ok": True, "result": result}
     except Exception:  # report every failure to the harness, which records it and goes on
         out = {"ok": False, "error": traceback.format_exc()}

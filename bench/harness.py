@@ -144,6 +144,9 @@ class Harness:
 
     def run_cell(self, index: int, cell: Cell) -> None:
         arms = [a for a in self.arms if a in cell.arms]
+        if not arms:
+            print("  (no selected arm runs this cell)")
+            return
         samples: dict[str, dict[str, list[float]]] = {a: {} for a in arms}
         for rep in range(cell.reps):
             shift = (index + rep) % len(arms)
@@ -193,6 +196,9 @@ class Harness:
                 "about": cell.about,
                 "arms": {},
             }
+            if cell.series is not None:
+                name, axis, x = cell.series
+                entry["series"] = {"name": name, "axis": axis, "x": x}
             for arm in arms:
                 kept = samples[arm].get(metric.key, [])
                 entry["arms"][arm] = {"samples": kept, "value": report.summarize(kept, metric.stat)}
@@ -222,6 +228,9 @@ class Harness:
         self.write()
         print()
         print(report.table(self.doc))
+        for block in report.series_tables(self.doc):
+            print()
+            print(block)
         for line in report.notes(self.doc):
             print("note:", line)
         print(f"\nresults: {self.out.relative_to(REPO) if self.out.is_relative_to(REPO) else self.out}")
@@ -229,7 +238,7 @@ class Harness:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="bench", description="ox against its peers (see bench/README.md)")
-    parser.add_argument("--quick", action="store_true", help="small sizes, fewer cells (about two minutes)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, fewer cells (about three to four minutes)")
     parser.add_argument("--cells", default="", help="comma-separated cell names to run (default: the whole plan)")
     parser.add_argument("--arms", default="", help=f"comma-separated subset of {','.join(ARM_NAMES)}")
     parser.add_argument("--pg-url", default=os.environ.get("BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432"))
@@ -239,6 +248,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.report:
         doc = json.loads(Path(args.report).read_text())
         print(report.table(doc))
+        for block in report.series_tables(doc):
+            print()
+            print(block)
         for line in report.notes(doc):
             print("note:", line)
         return

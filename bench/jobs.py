@@ -2,12 +2,8 @@
 (the arm's settings are loaded). Each job returns plain JSON: metric key -> one sample or a
 list of samples, plus "info" (what ran, notes). Every wait is bounded in time."""
 
-import json
-import os
 import random
-import sys
 import time
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,6 +13,7 @@ from django.db import connection, transaction
 
 from bench import procs
 from bench.arms.base import Arm
+from bench.fleet import Fleet, wait
 from bench.tasks import LEDGER_TABLE, WORKLOADS, ledger, noop, stamp
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,90 +38,6 @@ def _ledger(since_id: int = 0) -> list[tuple[int, int, int, float]]:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT id, key, pid, t FROM {LEDGER_TABLE} WHERE id > %s ORDER BY id", [since_id])
         return list(cursor.fetchall())
-
-
-class Fleet:
-    """The worker processes of one measurement: started, measured and stopped by pid."""
-
-    def __init__(self, arm: Arm, p: Params) -> None:
-        self.arm = arm
-        self.log_dir = Path(p["log_dir"])
-        self.interval = p.get("interval")
-        self.env = {**os.environ, **{k: str(v) for k, v in p.get("worker_env", {}).items()}}
-        self.procs: list[procs.Proc] = []
-        self.idents: dict[int, str] = {}
-        self.argv: list[list[str]] = []
-        self.count_files: list[Path] = []
-        self.boot = ""
-        self.notes: list[str] = []
-
-    def shape(self, processes: int, concurrency: int) -> list[int]:
-        """Per-process concurrency. An arm without threads gets processes x concurrency processes."""
-        if self.arm.native_concurrency:
-            return [concurrency] * processes
-        return [1] * (processes * concurrency)
-
-    def start(self, concurrency: int) -> procs.Proc:
-        ident = f"bench-{uuid.uuid4().hex[:12]}"
-        argv = [sys.executable, "-m", "bench.launch", *self.arm.worker_argv(concurrency, ident, self.interval)]
-        count_file = self.log_dir / f"{ident}.sql.json"
-        env = {**self.env, "BENCH_SQL_COUNT_FILE": str(count_file)}
-        proc = procs.spawn(argv, env, self.log_dir / f"{ident}.log", ident, REPO)
-        self.procs.append(proc)
-        self.idents[proc.pid] = ident
-        self.argv.append(argv[3:])
-        self.count_files.append(count_file)
-        return proc
-
-    def start_all(self, processes: int, concurrency: int, boot_timeout: float = 60.0) -> None:
-        for c in self.shape(processes, concurrency):
-            self.start(c)
-        pids = [p.pid for p in self.procs]
-        self.boot = procs.wait_idle(self.procs, boot_timeout, ready=lambda: bool(self.arm.ready(pids)))
-        if self.boot != "idle":
-            self.notes.append(f"workers never went quiet after boot (CPU busy at rest); started on: {self.boot}")
-
-    def alive(self) -> list[procs.Proc]:
-        return [p for p in self.procs if p.alive()]
-
-    def stop(self) -> None:
-        procs.stop(self.procs)
-
-    def sql_counts(self) -> dict[str, int] | None:
-        """Summed statement counters of the worker processes, None if one did not report."""
-        total = {"executes": 0, "begins": 0, "commits": 0}
-        for path in self.count_files:
-            try:
-                counts = json.loads(path.read_text())
-            except (OSError, ValueError):
-                return None
-            for key in total:
-                total[key] += counts.get(key, 0)
-        return total
-
-    def info(self) -> dict[str, Any]:
-        return {
-            "workers": len(self.procs),
-            "argv": self.argv[0] if self.argv else [],
-            "env": _env_info(self.env),
-            "boot": self.boot,
-            "notes": list(self.notes),
-        }
-
-
-def _env_info(env: dict[str, str]) -> dict[str, str]:
-    return {k: env[k] for k in ("BENCH_CONN_MAX_AGE", "BENCH_POOL") if k in env}
-
-
-def _wait(condition: Callable[[], bool], timeout: float, poll: float, fleet: Fleet | None = None) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        if fleet is not None and not fleet.alive():
-            raise RuntimeError("every worker exited: " + procs.tail(fleet.procs[-1].log))
-        time.sleep(poll)
-    return condition()
 
 
 # ------------------------------------------------------------------ jobs
@@ -200,7 +113,7 @@ def drain(arm: Arm, p: Params) -> Result:
             arm.fill(task, [((), {})] * n)
             arm.analyze()
         committed, committed_at = time.monotonic(), datetime.now(UTC)
-        finished = _wait(lambda: arm.done() >= n, p.get("timeout", 600), 0.2, fleet)
+        finished = wait(lambda: arm.done() >= n, p.get("timeout", 600), 0.2, fleet)
         wall = time.monotonic() - committed
         cpu1, hwm_kb = procs.measure(fleet.procs)
         rss_each = [proc.hwm_kb / 1024 for proc in fleet.procs]
@@ -261,7 +174,7 @@ def dispatch(arm: Arm, p: Params) -> Result:
                     seen.append(row[0])
                 return bool(row)
 
-            if _wait(started, p.get("timeout", 10.0), 0.005, fleet):
+            if wait(started, p.get("timeout", 10.0), 0.005, fleet):
                 samples.append((seen[0] - committed) * 1000)
             else:
                 timeouts += 1
@@ -321,16 +234,16 @@ def kill(arm: Arm, p: Params) -> Result:
             arm.fill(ledger, [((key,), {"sleep_ms": p.get("sleep_ms", 10)}) for key in range(n)])
             arm.analyze()
         started = time.monotonic()
-        _wait(lambda: finished() > 0, 30, 0.05, fleet)
+        wait(lambda: finished() > 0, 30, 0.05, fleet)
         for _ in range(p["kills"]):
             sleep_tracking(p["every"])
             if finished() >= n:
                 break
-            _wait(lambda: bool(booted()), 30, 0.1)
+            wait(lambda: bool(booted()), 30, 0.1)
             victim = rng.choice(booted())
             ident = fleet.idents[victim.pid]
             # Aim the kill at a moment the victim holds a task: that is the case under test.
-            _wait(lambda v=victim, i=ident: bool(arm.running_on(i, v.pid)), p.get("aim", 2.0), 0.02)
+            wait(lambda v=victim, i=ident: bool(arm.running_on(i, v.pid)), p.get("aim", 2.0), 0.02)
             t_kill = time.time()
             procs.kill(victim)
             held = arm.running_on(ident, victim.pid)
@@ -346,7 +259,7 @@ def kill(arm: Arm, p: Params) -> Result:
                 progress.update(done=done, at=time.monotonic())
             return done >= n or time.monotonic() - progress["at"] >= p["stall"]
 
-        _wait(settled, p["cap"], 0.25)
+        wait(settled, p["cap"], 0.25)
         waited_after = time.monotonic() - last_kill
         total = time.monotonic() - started
     finally:

@@ -13,7 +13,7 @@ class Metric:
     name: str  # the metric's name in the results file
     unit: str
     higher_is_better: bool
-    stat: str = "median"  # median | p50 | p95 | p99 | max | sum (over every sample kept)
+    stat: str = "median"  # median | p50 | p95 | p99 | min | max | sum (over every sample kept)
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,9 @@ class Cell:
     db: str = "pg"  # pg | sqlite
     arms: tuple[str, ...] = ARM_NAMES
     timeout: float = 900.0  # seconds the harness gives one agent job
+    # (series, axis, x): cells of one series are also printed side by side, each over the
+    # series' smallest x (e.g. ("backlog_c1", "backlog", 100_000): throughput at 100k / 10k).
+    series: tuple[str, str, int] | None = None
 
 
 THROUGHPUT = Metric("throughput", "throughput", "tasks/s", True)
@@ -54,6 +57,116 @@ KILL_METRICS = (
 PERSISTENT = {"BENCH_CONN_MAX_AGE": 600}
 POLICIES = {"conn0": {"BENCH_CONN_MAX_AGE": 0}, "conn600": PERSISTENT, "pool": {"BENCH_POOL": 1}}
 WORKLOADS = ("cpu_bound", "io_bound", "io_bound_async", "mixed")
+
+
+DB_METRICS = (
+    Metric("pg_cpu_ms_per_task", "pg_cpu_per_task", "ms", False),
+    Metric("xact_per_task", "xact_per_task", "xacts", False),
+    Metric("wal_records_per_task", "wal_records_per_task", "records", False),
+    Metric("wal_bytes_per_task", "wal_bytes_per_task", "bytes", False),
+    Metric("lock_wait_share", "lock_wait_share", "share", False),
+    Metric("active_backends", "active_backends", "backends", False),
+)
+NOTIFY_METRICS = (
+    Metric("throughput_on", "throughput_notify_on", "tasks/s", True),
+    Metric("throughput_off", "throughput_notify_off", "tasks/s", True),
+    Metric("on_off_ratio", "notify_on_off", "on/off", True),
+    # LISTENing backends seen at the start of every round (the idle worker's): 1 expected.
+    Metric("listeners", "listening_workers", "backends", True, "min"),
+)
+SIZES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000}
+IDLE_QUEUE_ENV = {**PERSISTENT, "BENCH_QUEUES": "default,bench_idle"}
+
+
+def backlog_cells(quick: bool) -> list[Cell]:
+    """Drain N no-op tasks out of a READY backlog of 10k / 100k / 1M (quick: 2,000 out of 10k
+    and 100k, one process only), PostgreSQL; SQLite at 10k and 1M (full only)."""
+    n = 2000 if quick else 10_000
+    cap = 60.0 if quick else 240.0
+    shapes = {"c1": 1} if quick else {"c1": 1, "p4": 4}
+    sizes = ("10k", "100k") if quick else ("10k", "100k", "1m")
+    cells = []
+    for db, prefix, db_sizes in (("pg", "", sizes), ("sqlite", "sqlite_", () if quick else ("10k", "1m"))):
+        for shape, processes in shapes.items():
+            if db == "sqlite" and shape != "c1":
+                continue
+            for size in db_sizes:
+                total = SIZES[size]
+                cells.append(
+                    Cell(
+                        f"{prefix}backlog_{size}_{shape}",
+                        "backlog",
+                        f"drain the first {n:,} no-op tasks of a {total:,}-task READY backlog"
+                        f"{' on SQLite' if db == 'sqlite' else ''}: {processes} worker process(es),"
+                        f" concurrency 1, CONN_MAX_AGE=600; capped at {cap:.0f} s",
+                        DRAIN_METRICS,
+                        {
+                            "n": min(n, total),
+                            "total": total,
+                            "processes": processes,
+                            "concurrency": 1,
+                            "cap": cap,
+                            "worker_env": PERSISTENT,
+                        },
+                        db=db,
+                        series=(f"{prefix}backlog_{shape}", "backlog", total),
+                    )
+                )
+    return cells
+
+
+def scaling_cells(quick: bool) -> list[Cell]:
+    """ox only: drain throughput at 1..16 worker processes with database-side figures, and
+    enqueue throughput with the NOTIFY trigger on and off at 1..16 producers."""
+    n = 30_000 if quick else 100_000
+    cells = [
+        Cell(
+            f"procs_p{k}",
+            "backlog",
+            f"ox drain of {n:,} of a {n + n // 4:,}-task backlog: {k} worker process(es) at concurrency 1,"
+            " CONN_MAX_AGE=600; with pg_stat_database / pg_stat_wal / wait-event samples / backend CPU",
+            (THROUGHPUT, Metric("cpu_ms_per_task", "cpu_per_task", "ms", False), *DB_METRICS),
+            {
+                "n": n,
+                "total": n + n // 4,
+                "processes": k,
+                "concurrency": 1,
+                "cap": 120.0,
+                "db_stats": True,
+                "worker_env": PERSISTENT,
+            },
+            arms=("ox",),
+            series=("procs", "processes", k),
+        )
+        for k in ((1, 2, 4) if quick else (1, 2, 4, 8, 16))
+    ]
+    seconds, rounds = (2.0, 4) if quick else (4.0, 8)
+    cells += [
+        Cell(
+            f"notify_p{k}",
+            "notify",
+            f"ox enqueue: {k} producer process(es), sequential noop.enqueue() in autocommit for {seconds:.0f} s"
+            f" per round, NOTIFY trigger off/on/on/off x{rounds // 4}; one idle ox worker LISTENing (queue bench_idle)",
+            NOTIFY_METRICS,
+            {"producers": k, "seconds": seconds, "rounds": rounds, "worker_env": IDLE_QUEUE_ENV},
+            arms=("ox",),
+            series=("notify", "producers", k),
+        )
+        for k in ((1, 4) if quick else (1, 4, 16))
+    ]
+    if not quick:
+        cells.append(
+            Cell(
+                "notify_p4_nolisten",
+                "notify",
+                f"notify_p4 without the idle worker: nobody LISTENs ({seconds:.0f} s rounds, off/on/on/off"
+                f" x{rounds // 4})",
+                NOTIFY_METRICS,
+                {"producers": 4, "seconds": seconds, "rounds": rounds, "idle_worker": False, "worker_env": PERSISTENT},
+                arms=("ox",),
+            )
+        )
+    return cells
 
 
 def build(mode: str) -> list[Cell]:
@@ -157,6 +270,7 @@ def build(mode: str) -> list[Cell]:
                 db="sqlite",
             )
         )
+    cells += backlog_cells(quick) + scaling_cells(quick)
     cells.append(
         Cell(
             "kill",

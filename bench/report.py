@@ -10,7 +10,7 @@ OURS = "ox"
 
 
 def summarize(samples: Sequence[float], stat: str) -> float | None:
-    """One number from every sample kept: median, sum, max, or a percentile pNN
+    """One number from every sample kept: median, sum, min, max, or a percentile pNN
     (linear interpolation between closest ranks)."""
     values = sorted(float(s) for s in samples if s is not None and not math.isnan(s))
     if not values:
@@ -21,6 +21,8 @@ def summarize(samples: Sequence[float], stat: str) -> float | None:
         return sum(values)
     if stat == "max":
         return values[-1]
+    if stat == "min":
+        return values[0]
     if stat.startswith("p"):
         q = float(stat[1:]) / 100
         pos = q * (len(values) - 1)
@@ -75,15 +77,61 @@ def table(doc: dict[str, Any]) -> str:
         row += [_num(values[a]) if a in cell["arms"] else "n/a" for a in arms]
         row += [_ratio_text(ratio(values.get(OURS), values[p]), hib) for p in peers]
         rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = _align(rows, 3)
+    legend = "ratio = ox / peer; '+' ox better, '-' ox worse (direction per metric); '-' alone: no value."
+    return "\n".join([*lines, "", legend])
+
+
+def _align(rows: list[list[str]], left: int) -> list[str]:
+    """Rows as aligned text: the first `left` columns left-aligned, the rest right-aligned,
+    a rule under the header row."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for n, row in enumerate(rows):
-        cells = [c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        cells = [c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
         lines.append("  ".join(cells).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
-    legend = "ratio = ox / peer; '+' ox better, '-' ox worse (direction per metric); '-' alone: no value."
-    return "\n".join([*lines, "", legend])
+    return lines
+
+
+# Metrics of a series cell that stay in the main table only (flat by construction, or not
+# about scaling).
+SERIES_SKIP = {"peak_rss", "statements_per_task", "listening_workers"}
+
+
+def series(doc: dict[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Cells that belong to a series, by (series, metric), in order of x."""
+    found: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for cell in doc.get("cells", []):
+        if cell.get("series") and cell["metric"] not in SERIES_SKIP:
+            found.setdefault((cell["series"]["name"], cell["metric"]), []).append(cell)
+    return {key: sorted(cells, key=lambda c: c["series"]["x"]) for key, cells in found.items()}
+
+
+def scaled(cells: list[dict[str, Any]], arm: str) -> list[float | None]:
+    """Each cell's value for the arm over the value at the series' smallest x."""
+    values = [c["arms"].get(arm, {}).get("value") for c in cells]
+    return [ratio(v, values[0]) for v in values]
+
+
+def series_tables(doc: dict[str, Any]) -> list[str]:
+    """One block per series and metric: the value at each x and its ratio to the smallest x
+    (e.g. throughput at a 1M backlog over throughput at 10k), per arm that ran it."""
+    blocks = []
+    for (name, metric), cells in series(doc).items():
+        axis, first = cells[0]["series"]["axis"], cells[0]["series"]["x"]
+        arms = [a for a in doc["arms"] if any(a in c["arms"] for c in cells)]
+        ratios = {a: scaled(cells, a) for a in arms}
+        rows = [[axis, *(f"{a} {cells[0]['unit']}" for a in arms), *(f"{a} / {axis} {first:,}" for a in arms)]]
+        for i, cell in enumerate(cells):
+            row = [f"{cell['series']['x']:,}"]
+            row += [_num(cell["arms"].get(a, {}).get("value")) for a in arms]
+            row += ["-" if ratios[a][i] is None else f"{ratios[a][i]:.2f}x" for a in arms]
+            rows.append(row)
+        hib = "higher is better" if cells[0]["higher_is_better"] else "lower is better"
+        blocks.append("\n".join([f"{name}: {metric} ({hib}), by {axis}", *_align(rows, 1)]))
+    return blocks
 
 
 def notes(doc: dict[str, Any]) -> list[str]:
@@ -141,6 +189,14 @@ def validate(doc: dict[str, Any]) -> list[str]:
         for key, kind in CELL_KEYS.items():
             if not isinstance(cell.get(key), kind):
                 problems.append(f"cells[{i}] {key!r} missing or not {kind.__name__}")
+        extra = cell.get("series")
+        if extra is not None and not (
+            isinstance(extra, dict)
+            and isinstance(extra.get("name"), str)
+            and isinstance(extra.get("axis"), str)
+            and isinstance(extra.get("x"), (int, float))
+        ):
+            problems.append(f"cells[{i}] 'series' is not {{name, axis, x}}")
         for arm, entry in (cell.get("arms") or {}).items():
             if not isinstance(entry.get("samples"), list):
                 problems.append(f"cells[{i}] arm {arm!r}: samples is not a list")

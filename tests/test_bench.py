@@ -1,16 +1,18 @@
 """Smoke tests for the benchmark harness's pure parts: statistics, ratios, the printed table,
-the plan and the results schema. Nothing here starts a worker or touches a database."""
+the plan and the results schema, the scaling series (backlog, processes, NOTIFY), and the
+database-side figures' arithmetic. Nothing here starts a worker; one test writes a small
+backlog with the fast fill into the test database."""
 
 import argparse
 import os
 
 import pytest
 
-from bench import procs, report
+from bench import pgstats, procs, report, scale
 from bench.harness import Harness
 from bench.plan import build
 
-JOBS = {"enqueue_seq", "enqueue_atomic", "bulk", "drain", "dispatch", "kill"}
+JOBS = {"enqueue_seq", "enqueue_atomic", "bulk", "drain", "dispatch", "kill", "backlog", "notify"}
 
 
 def test_summarize_statistics():
@@ -115,3 +117,178 @@ def test_proc_readings_of_this_process():
     cpu, hwm = procs._stat(os.getpid())[1], procs._hwm_kb(os.getpid())
     assert cpu > 0 and hwm > 0
     assert procs._stat(2**22 + 12345) is None
+
+
+# ---------------------------------------------------------------- issue #10: scaling cells
+def by_name(mode):
+    return {c.name: c for c in build(mode)}
+
+
+def test_backlog_cells_plan():
+    quick, full = by_name("quick"), by_name("full")
+    assert {n for n in quick if "backlog" in n} == {"backlog_10k_c1", "backlog_100k_c1"}
+    expected_full = {f"backlog_{s}_{k}" for s in ("10k", "100k", "1m") for k in ("c1", "p4")}
+    expected_full |= {"sqlite_backlog_10k_c1", "sqlite_backlog_1m_c1"}
+    assert {n for n in full if "backlog" in n} == expected_full
+    sizes = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000}
+    for plan in (quick, full):
+        for name, cell in plan.items():
+            if "backlog" not in name:
+                continue
+            size, shape = name.split("_")[-2:]
+            p = cell.params
+            assert cell.job == "backlog" and p["total"] == sizes[size]
+            assert p["n"] <= p["total"] and p["cap"] > 0 and p["concurrency"] == 1
+            assert p["processes"] == {"c1": 1, "p4": 4}[shape]
+            assert p["worker_env"]["BENCH_CONN_MAX_AGE"] == 600
+            assert cell.db == ("sqlite" if name.startswith("sqlite_") else "pg")
+            assert set(cell.arms) == {"ox", "django-tasks-db", "django-ox"}
+            assert cell.series == (f"{'sqlite_' if cell.db == 'sqlite' else ''}backlog_{shape}", "backlog", p["total"])
+    # Full: the same 10,000 tasks measured at every backlog size.
+    assert {c.params["n"] for n, c in full.items() if "backlog" in n} == {10_000}
+
+
+def test_processes_and_notify_cells_plan():
+    quick, full = by_name("quick"), by_name("full")
+    for plan, counts, producers in ((quick, (1, 2, 4), (1, 4)), (full, (1, 2, 4, 8, 16), (1, 4, 16))):
+        procs_cells = [plan[f"procs_p{k}"] for k in counts]
+        assert len([n for n in plan if n.startswith("procs_")]) == len(counts)
+        for k, cell in zip(counts, procs_cells, strict=True):
+            assert cell.arms == ("ox",) and cell.params["processes"] == k and cell.params["db_stats"] is True
+            assert cell.params["total"] >= cell.params["n"] >= 30_000
+            assert cell.series == ("procs", "processes", k)
+            assert {m.name for m in cell.metrics} >= {
+                "throughput",
+                "xact_per_task",
+                "wal_bytes_per_task",
+                "lock_wait_share",
+                "pg_cpu_per_task",
+            }
+        assert len([n for n in plan if n.startswith("notify_") and "nolisten" not in n]) == len(producers)
+        for k in producers:
+            cell = plan[f"notify_p{k}"]
+            assert cell.job == "notify" and cell.arms == ("ox",) and cell.params["producers"] == k
+            assert cell.params["rounds"] % 4 == 0  # off/on/on/off blocks
+            assert "bench_idle" in cell.params["worker_env"]["BENCH_QUEUES"].split(",")
+            assert {m.name for m in cell.metrics} >= {"throughput_notify_on", "throughput_notify_off", "notify_on_off"}
+
+    assert full["notify_p4_nolisten"].params["idle_worker"] is False
+    assert full["notify_p4_nolisten"].series is None and "notify_p4_nolisten" not in quick
+
+
+def test_round_pattern_is_balanced_and_on_off_ratio():
+    pattern = scale.round_pattern(8)
+    assert pattern[:4] == ["off", "on", "on", "off"]
+    assert pattern.count("on") == pattern.count("off") == 4
+    assert scale.on_off({"on": [100.0, 300.0, 200.0], "off": [400.0]}) == 0.5
+    assert scale.on_off({"on": [1.0], "off": []}) is None
+
+
+def series_doc():
+    def cell(name, series, x, metric, values):
+        return {
+            "name": name,
+            "metric": metric,
+            "unit": "tasks/s",
+            "higher_is_better": True,
+            "stat": "median",
+            "db": "pg",
+            "about": "",
+            "series": {"name": series, "axis": "backlog", "x": x},
+            "arms": {a: {"samples": [v], "value": v} for a, v in values.items()},
+            "ratios": {},
+        }
+
+    cells = [
+        cell("backlog_1m_c1", "backlog_c1", 1_000_000, "throughput", {"ox": 250.0, "django-ox": 90.0}),
+        cell("backlog_10k_c1", "backlog_c1", 10_000, "throughput", {"ox": 1000.0, "django-ox": 100.0}),
+        cell("backlog_100k_c1", "backlog_c1", 100_000, "throughput", {"ox": 500.0, "django-ox": None}),
+        cell("backlog_10k_c1", "backlog_c1", 10_000, "peak_rss", {"ox": 50.0}),
+    ]
+    return {"arms": ["ox", "django-tasks-db", "django-ox"], "cells": cells}
+
+
+def test_series_ratios_to_the_smallest_backlog():
+    doc = series_doc()
+    groups = report.series(doc)
+    assert list(groups) == [("backlog_c1", "throughput")]  # peak_rss stays in the main table
+    cells = groups[("backlog_c1", "throughput")]
+    assert [c["series"]["x"] for c in cells] == [10_000, 100_000, 1_000_000]
+    assert report.scaled(cells, "ox") == [1.0, 0.5, 0.25]
+    assert report.scaled(cells, "django-ox") == [1.0, None, pytest.approx(0.9)]
+    [block] = report.series_tables(doc)
+    lines = block.splitlines()
+    assert lines[0].startswith("backlog_c1: throughput")
+    assert "django-tasks-db" not in block  # an arm that ran none of the series gets no column
+    row_1m = next(line for line in lines if line.startswith("1,000,000"))
+    assert row_1m.split()[-2:] == ["0.25x", "0.90x"]
+    assert next(line for line in lines if line.startswith("100,000")).split()[-1] == "-"
+
+
+def test_scaling_cells_aggregate_with_series(tmp_path, monkeypatch):
+    harness = fake_harness(tmp_path, "backlog_10k_c1,backlog_100k_c1,notify_p1")
+    rate = {"backlog_10k_c1": 400.0, "backlog_100k_c1": 300.0}
+
+    def agent(arm, job, params, db, timeout, label):
+        if job == "notify":
+            assert arm == "ox"
+            return {
+                "ok": True,
+                "result": {
+                    "throughput_on": [80.0, 60.0],
+                    "throughput_off": [100.0],
+                    "on_off_ratio": 0.7,
+                    "listeners": [1, 1],
+                },
+            }
+        cell = label.split("-")[0]
+        return {"ok": True, "result": {"throughput": rate[cell] * (2 if arm == "ox" else 1), "info": {}}}
+
+    monkeypatch.setattr(harness, "agent", agent)
+    for index, cell in enumerate(harness.plan):
+        harness.run_cell(index, cell)
+    doc = harness.doc
+    assert report.validate(doc) == []
+    by = {(c["name"], c["metric"]): c for c in doc["cells"]}
+    assert by[("backlog_100k_c1", "throughput")]["series"] == {"name": "backlog_c1", "axis": "backlog", "x": 100_000}
+    notify = by[("notify_p1", "throughput_notify_on")]
+    assert set(notify["arms"]) == {"ox"} and notify["arms"]["ox"]["value"] == 70.0
+    assert by[("notify_p1", "listening_workers")]["arms"]["ox"]["value"] == 1
+    assert len([r for r in doc["runs"] if r["cell"] == "notify_p1"]) == 1
+    tables = "\n".join(report.series_tables(doc))
+    assert "backlog_c1: throughput" in tables and "0.75x" in tables
+    assert "notify: notify_on_off" in tables
+    doc["cells"][0]["series"] = {"name": "x"}
+    assert any("'series'" in p for p in report.validate(doc))
+
+
+def test_pgstats_arithmetic():
+    assert pgstats.server_url("postgres://u@127.0.0.1:5432/oxbench_ox") == "postgres://u@127.0.0.1:5432/postgres"
+    assert pgstats.state_of("active", None, None) == "cpu"
+    assert pgstats.state_of("active", "Lock", "tuple") == "Lock:tuple"
+    assert pgstats.state_of("idle", "Client", "ClientRead") == "idle"
+    waits = pgstats.tally([["cpu", "Lock:tuple", "idle"], ["LWLock:WALWrite", "IO:WALSync", "idle"]])
+    assert waits["samples"] == 2 and waits["mean_backends"] == 3.0 and waits["mean_active"] == 2.0
+    assert waits["lock_wait_share"] == 0.5 and waits["io_wait_share"] == 0.25
+    assert pgstats.tally([])["lock_wait_share"] is None
+    counters = pgstats.delta({"xact_commit": 10.0, "wal_bytes": 100.0}, {"xact_commit": 30.0, "wal_bytes": 500.0})
+    assert pgstats.per_task(counters, 10) == {"xact_commit_per_task": 2.0, "wal_bytes_per_task": 40.0}
+    assert pgstats.per_task(counters, 0) == {}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fast_fill_writes_distinct_ready_rows():
+    """The backlog fill (one template row, copied by INSERT ... SELECT) on the test database."""
+    from django.db import transaction
+
+    from bench.arms.ox import OxArm
+    from ox.models import Task
+
+    arm = OxArm()
+    with transaction.atomic():
+        arm.fill_fast(scale.noop, 1500)
+    rows = list(Task.objects.values_list("id", "status", "task_path"))
+    assert len(rows) == 1500 and len({r[0] for r in rows}) == 1500
+    assert {(r[1], r[2]) for r in rows} == {("READY", "bench.tasks.noop")}
+    with pytest.raises(RuntimeError, match="empty table"):
+        arm.fill_fast(scale.noop, 10)

@@ -22,7 +22,7 @@ class Arm:
     bulk_path = ""  # how bulk_enqueue works, reported with the bulk cell
 
     # ---- workers
-    def worker_argv(self, concurrency: int, ident: str, interval: float | None) -> list[str]:
+    def worker_argv(self, concurrency: int, ident: str, interval: float | None, queue: str = "default") -> list[str]:
         """Management command and arguments for one worker process (run by bench.launch)."""
         raise NotImplementedError
 
@@ -44,6 +44,38 @@ class Arm:
         transaction, so the backlog appears to the workers all at once."""
         self.bulk_enqueue(task, calls)
 
+    def fill_fast(self, task: Task, total: int) -> None:
+        """A backlog of `total` no-argument calls in two statements, for the backlog cells (1M
+        rows through the ORM would take longer than the measurement): one row written the
+        arm's own way (`fill`), then copied total-1 times by one INSERT ... SELECT over
+        generate_series (SQLite: a recursive CTE). Copies differ only in the primary key: the
+        template's UUID with its last 48 bits replaced by the copy's number, so ids stay unique
+        and the time-ordered prefix of a UUIDv7 is kept. The caller holds the transaction."""
+        if self.model.objects.exists():
+            raise RuntimeError("fill_fast needs an empty table (reset first)")
+        self.fill(task, [((), {})])
+        if total <= 1:
+            return
+        qn = connection.ops.quote_name
+        pk = self.model._meta.pk.column
+        columns = [f.column for f in self.model._meta.concrete_fields]
+        table = qn(self.model._meta.db_table)
+        if connection.vendor == "postgresql":
+            new_id = "overlay(src.{pk}::text placing lpad(to_hex(g), 12, '0') from 25)::uuid"
+            source = "generate_series(1, %s) AS s(g)"
+            prefix = ""
+        else:  # Django keeps a UUID on SQLite as 32 hex digits
+            new_id = "substr(src.{pk}, 1, 20) || printf('%%012x', g)"
+            source = "s"
+            prefix = "WITH RECURSIVE s(g) AS (SELECT 1 UNION ALL SELECT g + 1 FROM s WHERE g < %s) "
+        exprs = [new_id.format(pk=qn(pk)) if c == pk else f"src.{qn(c)}" for c in columns]
+        statement = (
+            f"{prefix}INSERT INTO {table} ({', '.join(qn(c) for c in columns)})"
+            f" SELECT {', '.join(exprs)} FROM {table} AS src CROSS JOIN {source}"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(statement, [total - 1])
+
     # ---- reading progress (the queue's own table, never the task's say-so)
     def tables(self) -> list[str]:
         return [self.model._meta.db_table]
@@ -61,6 +93,17 @@ class Arm:
             first=Min("started_at"), last=Max("finished_at")
         )
         return agg["first"], agg["last"]
+
+    def first_n(self, n: int) -> tuple[datetime | None, datetime | None, int]:
+        """First start over the successful rows, the n-th earliest finish among them, and how
+        many of them that spans (fewer than n when fewer finished: then the last finish)."""
+        done = self.model.objects.filter(**{self.status_field: self.done_status})
+        first = done.aggregate(first=Min("started_at"))["first"]
+        finishes = list(done.order_by("-finished_at").values_list("finished_at", flat=True)[:1])
+        nth = list(done.order_by("finished_at").values_list("finished_at", flat=True)[n - 1 : n])
+        if nth:
+            return first, nth[0], n
+        return first, finishes[0] if finishes else None, done.count()
 
     def options(self) -> dict[str, Any]:
         from django.tasks import task_backends

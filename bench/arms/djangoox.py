@@ -18,8 +18,8 @@ class DjangoOxArm(Arm):
 
         self.model = OxTask
 
-    def worker_argv(self, concurrency: int, ident: str, interval: float | None) -> list[str]:
-        argv = ["ox_worker", "--concurrency", str(concurrency), "--queues", "default", "-v", "0"]
+    def worker_argv(self, concurrency: int, ident: str, interval: float | None, queue: str = "default") -> list[str]:
+        argv = ["ox_worker", "--concurrency", str(concurrency), "--queues", queue, "-v", "0"]
         return argv + (["--interval", str(interval)] if interval else [])
 
     def running_on(self, ident: str, pid: int) -> list[int]:

@@ -20,8 +20,8 @@ class OxArm(Arm):
 
         self.model = TaskRow
 
-    def worker_argv(self, concurrency: int, ident: str, interval: float | None) -> list[str]:
-        argv = ["runworker", "--concurrency", str(concurrency), "--queues", "default", "-v", "0"]
+    def worker_argv(self, concurrency: int, ident: str, interval: float | None, queue: str = "default") -> list[str]:
+        argv = ["runworker", "--concurrency", str(concurrency), "--queues", queue, "-v", "0"]
         return argv + (["--interval", str(interval)] if interval else [])
 
     def running_on(self, ident: str, pid: int) -> list[int]:

@@ -21,9 +21,9 @@ class TasksDbArm(Arm):
 
         self.model = DBTaskResult
 
-    def worker_argv(self, concurrency: int, ident: str, interval: float | None) -> list[str]:
+    def worker_argv(self, concurrency: int, ident: str, interval: float | None, queue: str = "default") -> list[str]:
         assert concurrency == 1, "db_worker has no concurrency option"
-        argv = ["db_worker", "--queue-name", "default", "--no-reload", "--no-startup-delay", "-v", "0"]
+        argv = ["db_worker", "--queue-name", queue, "--no-reload", "--no-startup-delay", "-v", "0"]
         argv += ["--worker-id", ident]
         return argv + (["--interval", str(interval)] if interval else [])
 

@@ -1,0 +1,243 @@
+"""The jobs of issue #10 ("cost flat with the backlog"), run inside an agent like bench.jobs:
+
+- backlog: drain the first N no-op tasks out of a READY backlog of `total` (N <= total), so
+  the cost of a claim with a big table behind it shows; optionally with database-side figures
+  (bench.pgstats) for the processes-scaling cells.
+- notify: ox enqueue throughput from P producer processes with the NOTIFY trigger on and off,
+  one idle ox worker LISTENing the whole time.
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from django.db import connection, transaction
+
+from bench import pgstats, procs
+from bench.arms.base import Arm
+from bench.fleet import REPO, Fleet, wait
+from bench.tasks import LEDGER_TABLE, noop
+
+Params = dict[str, Any]
+Result = dict[str, Any]
+TRIGGER = "ox_task_notify"
+
+
+def wait_done(arm: Arm, n: int, cap: float, fleet: Fleet) -> tuple[bool, int]:
+    """Wait until n tasks are done, at most `cap` seconds. Polls sparsely (counting done rows
+    of a million-row table is not free for an arm without an index on its status): the next
+    look is half the time the current rate says is left, between 0.2 and 2 s."""
+    start = time.monotonic()
+    deadline = start + cap
+    done = 0
+    while True:
+        done = arm.done()
+        now = time.monotonic()
+        if done >= n or now >= deadline:
+            return done >= n, done
+        if not fleet.alive():
+            raise RuntimeError("every worker exited: " + procs.tail(fleet.procs[-1].log))
+        rate = done / (now - start) if done else 0.0
+        pause = (n - done) / rate / 2 if rate else 0.5
+        time.sleep(min(max(pause, 0.2), 2.0, max(deadline - now, 0.01)))
+
+
+def backlog(arm: Arm, p: Params) -> Result:
+    """Workers boot on an empty queue and go idle; a backlog of `total` no-op tasks is written
+    in one transaction (bench.arms.base.Arm.fill_fast; not timed) and ANALYZEd inside it; the
+    workers drain it until N are done or `cap` seconds pass. Throughput is N over the first
+    start to the N-th earliest finish in the task rows (the workers' own timestamps); when the
+    cap ends it first, it is what finished over the first start to the last finish, marked
+    bounded. CPU and statement figures as in the drain job, over the tasks done by then."""
+    arm.reset([LEDGER_TABLE])
+    n, total, cap = p["n"], p["total"], p.get("cap", 600.0)
+    stats_wanted = p.get("db_stats") and connection.vendor == "postgresql"
+    fleet = Fleet(arm, p)
+    sampler: pgstats.Sampler | None = None
+    try:
+        fleet.start_all(p["processes"], p["concurrency"])
+        cpu0, _ = procs.measure(fleet.procs)
+        filled = time.monotonic()
+        with transaction.atomic():
+            arm.fill_fast(noop, total)
+            arm.analyze()
+        fill_s = time.monotonic() - filled
+        committed, committed_at = time.monotonic(), datetime.now(UTC)
+        if stats_wanted:
+            pgstats.wait_for_flush(connection)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                agent_pid = cursor.fetchone()[0]
+            sampler = pgstats.Sampler(os.environ["BENCH_DB_URL"], connection.settings_dict["NAME"], {agent_pid})
+            sampler.start()
+        finished, done_at_end = wait_done(arm, n, cap, fleet)
+        wall = time.monotonic() - committed
+        cpu1, hwm_kb = procs.measure(fleet.procs)
+        if sampler is not None:
+            sampler.stop_sampling()
+    finally:
+        fleet.stop()
+    first, last, spanned = arm.first_n(n)
+    info: dict[str, Any] = {**fleet.info(), "n": n, "total": total, "cap_s": cap, "fill_s": fill_s, "wall_s": wall}
+    info.update(done_at_end=done_at_end, bounded=not finished)
+    result: Result = {"info": info}
+    if sampler is not None:
+        info["db"] = sampler.finish(arm.done())
+        figures = info["db"]
+        per = figures["per_task"]
+        result.update(
+            xact_per_task=per.get("xact_commit_per_task"),
+            wal_bytes_per_task=per.get("wal_bytes_per_task"),
+            wal_records_per_task=per.get("wal_records_per_task"),
+            lock_wait_share=figures["waits"]["lock_wait_share"],
+            active_backends=figures["waits"]["mean_active"],
+        )
+        if figures["pg_cpu_s"] is not None and done_at_end:
+            result["pg_cpu_ms_per_task"] = sum(figures["pg_cpu_s"].values()) * 1000 / done_at_end
+    if not first or not last or not spanned:
+        info["notes"].append(f"DNF: nothing finished in {wall:.0f} s")
+        return result
+    span = (last - max(first, committed_at)).total_seconds()
+    result.update(throughput=spanned / span, wall_throughput=done_at_end / wall)
+    result["cpu_ms_per_task"] = (cpu1 - cpu0) * 1000 / max(done_at_end, 1)
+    result["peak_rss_mb"] = hwm_kb / 1024
+    info.update(span_s=span, spanned=spanned)
+    if not finished:
+        info["notes"].append(
+            f"bounded: {done_at_end} of {n} done when the {cap:.0f} s cap ended the cell; throughput is"
+            f" the rate of the {spanned} that finished (backlog {total:,})"
+        )
+    counts = fleet.sql_counts()
+    if counts is not None:
+        result["statements_per_task"] = sum(counts.values()) / max(done_at_end, 1)
+        info["sql_counts"] = counts
+    return result
+
+
+# ------------------------------------------------------------------ notify
+def set_trigger(enabled: bool) -> bool:
+    """Enable or disable ox's NOTIFY trigger in this (bench) database; returns whether it is
+    enabled afterwards, read back from pg_trigger."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE ox_task {'ENABLE' if enabled else 'DISABLE'} TRIGGER {TRIGGER}")
+        cursor.execute("SELECT tgenabled FROM pg_trigger WHERE tgname = %s", [TRIGGER])
+        row = cursor.fetchone()
+    return bool(row) and row[0] != "D"
+
+
+def listening() -> int:
+    """Backends of this database whose last statement was a LISTEN (the idle worker's)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%%'"
+        )
+        return cursor.fetchone()[0]
+
+
+def round_pattern(rounds: int) -> list[str]:
+    """off, on, on, off, ...: each mode as often as the other and as often early as late."""
+    return [("off", "on", "on", "off")[i % 4] for i in range(rounds)]
+
+
+def on_off(samples: dict[str, list[float]]) -> float | None:
+    on, off = samples.get("on") or [], samples.get("off") or []
+    if not on or not off:
+        return None
+    return statistics.median(on) / statistics.median(off)
+
+
+def _wait_files(paths: list[Path], limit: float, alive: Callable[[], bool]) -> bool:
+    return wait(lambda: all(path.exists() for path in paths) or not alive(), limit, 0.02) and alive()
+
+
+def notify(arm: Arm, p: Params) -> Result:
+    """P producer processes (bench.producer) each call noop.enqueue() sequentially in
+    autocommit for `seconds`, all starting at once; tasks/s = all calls / (last producer's end
+    - start). Rounds alternate the NOTIFY trigger off/on/on/off; the table is truncated before
+    each round. One ox worker idles the whole time on another queue ("bench_idle"): it LISTENs
+    and wakes on every notification like a real idle worker, but takes none of the tasks, so
+    the producers do not compete with task execution. With idle_worker false there is none:
+    what NOTIFY costs a commit when nobody listens."""
+    if arm.name != "ox":
+        raise RuntimeError("the notify cell measures ox's trigger")
+    arm.reset([LEDGER_TABLE])
+    producers, seconds = p["producers"], p["seconds"]
+    work = Path(p["log_dir"]) / "producers"
+    work.mkdir(parents=True, exist_ok=True)
+    fleet = Fleet(arm, {**p, "queue": "bench_idle"})
+    crowd: list[procs.Proc] = []
+    samples: dict[str, list[float]] = {"on": [], "off": []}
+    rounds: list[dict[str, Any]] = []
+    idle_worker = p.get("idle_worker", True)
+    try:
+        if idle_worker:
+            fleet.start_all(1, 1)
+        env = {**os.environ, **{k: str(v) for k, v in p.get("worker_env", {}).items()}}
+        for i in range(producers):
+            argv = [sys.executable, "-m", "bench.producer", str(work), str(i), "120"]
+            crowd.append(procs.spawn(argv, env, work / f"producer-{i}.log", f"producer-{i}", REPO))
+        alive = lambda: all(c.alive() for c in crowd)  # noqa: E731
+        if not _wait_files([work / f"ready-{i}" for i in range(producers)], 120, alive):
+            raise RuntimeError("producers did not start: " + procs.tail(crowd[0].log))
+        for k, mode in enumerate(round_pattern(p.get("rounds", 4))):
+            enabled = set_trigger(mode == "on")
+            with connection.cursor() as cursor:
+                cursor.execute("TRUNCATE ox_task CASCADE")
+            listeners = listening()
+            idle0, _ = procs.measure(fleet.procs)
+            start_at = time.time() + 0.2
+            tmp = work / f".go-{k}"
+            tmp.write_text(json.dumps({"start_at": start_at, "seconds": seconds}))
+            tmp.replace(work / f"go-{k}.json")
+            outs = [work / f"result-{k}-{i}.json" for i in range(producers)]
+            if not _wait_files(outs, seconds + 60, alive):
+                raise RuntimeError(f"round {k}: a producer did not report: " + procs.tail(crowd[0].log))
+            idle1, _ = procs.measure(fleet.procs)
+            results = [json.loads(path.read_text()) for path in outs]
+            calls = sum(r["count"] for r in results)
+            elapsed = max(r["end"] for r in results) - start_at
+            rate = calls / elapsed
+            samples[mode].append(rate)
+            rounds.append(
+                {
+                    "mode": mode,
+                    "trigger_enabled": enabled,
+                    "listeners": listeners,
+                    "calls": calls,
+                    "seconds": elapsed,
+                    "tasks_per_s": rate,
+                    "idle_worker_cpu_s": idle1 - idle0,
+                }
+            )
+    finally:
+        (work / "stop").touch()
+        try:
+            set_trigger(True)
+        finally:
+            procs.stop(crowd, grace=10)
+            fleet.stop()
+    notes = list(fleet.notes)
+    if any(r["trigger_enabled"] != (r["mode"] == "on") for r in rounds):
+        notes.append("the trigger's state did not follow the round's mode")
+    if idle_worker and any(r["listeners"] < 1 for r in rounds):
+        notes.append("no LISTENing backend seen in some round")
+    info = {**fleet.info(), "producers": producers, "seconds": seconds, "rounds": rounds, "notes": notes}
+    info["idle_worker"] = (
+        "one ox worker, concurrency 1, --queues bench_idle: LISTENs, wakes, takes nothing" if idle_worker else "none"
+    )
+    return {
+        "throughput_on": samples["on"],
+        "throughput_off": samples["off"],
+        "on_off_ratio": on_off(samples),
+        "listeners": [r["listeners"] for r in rounds],
+        "info": info,
+    }
+
+
+JOBS: dict[str, Callable[[Arm, Params], Result]] = {"backlog": backlog, "notify": notify}
