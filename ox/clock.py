@@ -80,3 +80,12 @@ def forget(conn: BaseDatabaseWrapper) -> None:
 def skew(conn: BaseDatabaseWrapper) -> float:
     """Seconds this host's wall clock is ahead of the database's (negative: behind)."""
     return (datetime.now(UTC) - db_now(conn)).total_seconds()
+
+
+def now_on(alias: str | None = None) -> datetime:
+    """db_now() of a database alias (None: the one the router reads ox's tasks from)."""
+    from django.db import connections, router
+
+    from ox.models import Task
+
+    return db_now(connections[alias or router.db_for_read(Task)])

@@ -83,23 +83,30 @@ def open_worker_connection(alias: str, pooled: bool = False) -> BaseDatabaseWrap
             # binding cursors never do); the worker's own connection makes sure of it.
             options["prepare_threshold"] = None
         keepalives = keepalive_settings(options)
+        server: dict[str, str] = {}
         if keepalives is not None:
             options.update({"keepalives": 1, **keepalives})
-            if not pooled:
-                # Applied at every connect of this wrapper (see _server_keepalives).
-                setattr(conn, _SERVER_ATTR, keepalives)
+            server = {SERVER_SETTINGS[key]: str(value) for key, value in keepalives.items()}
+        if not pooled:
+            # No JIT for the worker's statements: the claim's plan is a walk whose estimated
+            # cost grows with the backlog and the number of queues, past the JIT thresholds,
+            # and compiling it costs hundreds of milliseconds where running it costs one.
+            # (Behind a transaction pooler: ALTER ROLE ... SET jit = off, docs/deployment.md.)
+            server["jit"] = "off"
+            # Applied at every connect of this wrapper (see _server_keepalives).
+            setattr(conn, _SERVER_ATTR, server)
     conn.settings_dict = settings
     conn.ensure_connection()
     return conn
 
 
 def _server_keepalives(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-    """Set the server's side of a worker connection's keepalives, in one round trip, as soon as
-    it connects (a receiver, so a reconnect of the same wrapper gets them too)."""
-    keepalives: dict[str, int] | None = getattr(connection, _SERVER_ATTR, None)
-    if not keepalives:
+    """Set the server's side of a worker connection's keepalives (and jit off), in one round
+    trip, as soon as it connects (a receiver, so a reconnect of the same wrapper gets them too)."""
+    server: dict[str, str] | None = getattr(connection, _SERVER_ATTR, None)
+    if not server:
         return
-    pairs = [(SERVER_SETTINGS[key], str(value)) for key, value in keepalives.items()]
+    pairs = list(server.items())
     raw = connection.connection
     with raw.cursor() as cursor:
         cursor.execute(

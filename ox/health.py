@@ -13,8 +13,8 @@ from typing import Any
 
 from django.db import connections
 from django.db.models import Count, Min, Q
-from django.utils import timezone
 
+from ox import clock
 from ox.conf import OxOptions
 from ox.models import Status, Task, Worker
 from ox.paging import COUNT_CAP
@@ -243,7 +243,7 @@ def check_health(
     thresholds: Thresholds, using: str | None = None, now: datetime | None = None, queues: Any = ()
 ) -> Health:
     """Read the queue's state and list every threshold it crosses."""
-    now = now or timezone.now()
+    now = now or clock.now_on(using)
     # Counted up to the threshold at least, so that a capped count still says "over it".
     counts = queue_counts(now, using, queues, cap=max(COUNT_CAP, thresholds.max_backlog))
     workers = worker_counts(now, thresholds.stale_after, using)

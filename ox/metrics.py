@@ -17,10 +17,10 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
-from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from ox import clock
 from ox.health import queue_counts, worker_counts
 from ox.models import FINISHED, Attempt, Outcome, Task
 from ox.paging import COUNT_CAP
@@ -70,7 +70,7 @@ def _configured() -> tuple[set[str], float]:
 
 
 def render_metrics(now: datetime | None = None, using: str | None = None) -> str:
-    now = now or timezone.now()
+    now = now or clock.now_on(using)
     queues, stale_after = _configured()
     counts = queue_counts(now, using, queues)
     tasks = Task.objects.using(using) if using else Task.objects.all()

@@ -5,11 +5,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import router, transaction
+from django.db import connections, router, transaction
 from django.db.models import Case, F, QuerySet, Value, When
 from django.tasks import task_backends
-from django.utils import timezone
 
+from ox import clock
 from ox.models import Status, Task
 
 RETRYABLE = (Status.FAILED, Status.CANCELLED)
@@ -40,8 +40,8 @@ def cancel(task_ids: Any) -> Changed:
     attempt that succeeds before the interrupt lands stays SUCCESSFUL. Finished tasks are
     left alone."""
     qs = _as_queryset(task_ids)
-    now = timezone.now()
     db = qs.db or router.db_for_write(Task)
+    now = clock.db_now(connections[db])
     with transaction.atomic(using=db):
         # One statement for both, so a task a worker moves between READY and RUNNING at the
         # same moment is changed by whichever rule its latest state calls for.
@@ -77,9 +77,9 @@ def retry(task_ids: Any) -> Changed:
     """FAILED or CANCELLED tasks go back to READY now, with a fresh attempt budget. Their
     attempts keep counting (and their Attempt rows stay), so history reads in order."""
     qs = _as_queryset(task_ids).filter(status__in=RETRYABLE)
-    now = timezone.now()
     retried = 0
     db = qs.db or router.db_for_write(Task)
+    now = clock.db_now(connections[db])
     with transaction.atomic(using=db):
         for path in qs.values_list("task_path", flat=True).distinct().order_by():
             retried += qs.filter(task_path=path).update(

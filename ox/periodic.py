@@ -30,7 +30,7 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from ox import sql
+from ox import clock, sql
 from ox.enqueue import new_task
 from ox.models import Tick
 from ox.results import ready_result
@@ -187,7 +187,7 @@ def schedule_status(now: datetime | None = None, using: str | None = None) -> li
     """Each declared schedule with its last and next run, missed ticks flagged. Two small
     indexed queries per schedule; `using` picks a database alias (default: the router's
     read database for ox models, so a replica router applies)."""
-    now = now or timezone.now()
+    now = now or clock.now_on(using)
     ticks = Tick.objects.using(using) if using else Tick.objects.all()
     statuses = []
     for alias, schedule in declared_schedules():

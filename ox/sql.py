@@ -161,50 +161,74 @@ def _distinct(queues: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(queues))
 
 
-def _pick_sql(
-    pg: bool, flag: str, queues: Sequence[str], now: object, limit: int, levels: "Levels | None" = None
-) -> tuple[str, list[object]] | None:
-    """The ids of up to `limit` due READY tasks of one kind in these queues, in claim order,
-    read from the READY index (queue, is_async, priority DESC, run_after, id) so that what a
-    claim costs does not depend on how many tasks wait.
+def _candidates(limit: int) -> int:
+    """Unlocked candidates read per priority and queue: some beyond `limit`, so that a claim
+    racing another for the same first rows still finds rows nobody holds."""
+    return 2 * limit + 8
 
-    PostgreSQL: per queue, a recursive query steps through the priorities present (one
-    index probe each: max(priority) below the last), and for each priority a range scan of
-    the due rows (run_after <= now) takes at most `limit`, locking them (SKIP LOCKED:
-    workers never wait for each other). Stepping by priority is what keeps tasks scheduled
-    for later at a higher priority from being read on every claim: within a priority the
-    due rows come first, and a scan across priorities would walk every not-yet-due row of
-    the higher ones. The best `limit` of the candidates (at most limit per priority and
-    queue, sorted in memory) win; the others are unlocked when the statement commits.
 
-    SQLite: the same range scans, one per queue and priority in `levels`. None: nothing
-    waits there."""
-    queues = _distinct(queues)
-    if pg:
-        ready = f"FROM ox_task t WHERE t.status = 'READY' AND t.queue = l.queue AND t.is_async = {flag}"
-        starts = " UNION ALL ".join("SELECT CAST(%s AS text)" for _q in queues)
-        sql = (
-            "WITH RECURSIVE levels(queue, priority) AS ("
-            f"SELECT l.queue, (SELECT max(t.priority) {ready}) FROM ({starts}) AS l(queue)"
-            f" UNION ALL SELECT l.queue, (SELECT max(t.priority) {ready} AND t.priority < l.priority)"
-            " FROM levels l WHERE l.priority IS NOT NULL"
-            ") SELECT c.id FROM levels l CROSS JOIN LATERAL ("
-            f"SELECT t.id, t.run_after {ready} AND t.priority = l.priority AND t.run_after <= %s"
-            " ORDER BY t.run_after, t.id LIMIT %s FOR UPDATE SKIP LOCKED) AS c"
-            " WHERE l.priority IS NOT NULL ORDER BY l.priority DESC, c.run_after, c.id LIMIT %s"
-        )
-        return sql, [*queues, now, limit, limit]
-    # SQLite has no LATERAL: the priorities were read first, in the claim's transaction.
-    branch = (
-        "SELECT id, priority, run_after FROM ox_task WHERE status = 'READY' AND queue = %s"
-        f" AND is_async = {flag} AND priority = %s AND run_after <= %s ORDER BY run_after, id LIMIT %s"
+def _pick_sql(flag: str, queues: Sequence[str], now: object, limit: int) -> tuple[str, list[object]]:
+    """PostgreSQL: the ids of up to `limit` due READY tasks of one kind in these queues, in
+    claim order, read from the READY index (queue, is_async, priority DESC, run_after, id) so
+    that what a claim costs does not depend on how many tasks wait.
+
+    Per queue, a recursive query steps through the priorities present (one index probe
+    each: max(priority) below the last), and for each priority a range scan of the due rows
+    (run_after <= now) reads a few candidates. Stepping by priority is what keeps tasks
+    scheduled for later at a higher priority from being read on every claim: within a
+    priority the due rows come first, and a scan across priorities would walk every
+    not-yet-due row of the higher ones. Candidates are read without locks; only the best
+    `limit` of them are locked, in claim order, skipping any another worker holds (SKIP
+    LOCKED: workers never wait for each other, and a row taken meanwhile fails the status
+    re-check). So a claim locks no more than it takes, and a concurrent claim is never kept
+    from rows nobody will claim."""
+    ready = f"FROM ox_task t WHERE t.status = 'READY' AND t.queue = l.queue AND t.is_async = {flag}"
+    starts = " UNION ALL ".join("SELECT CAST(%s AS text)" for _q in queues)
+    candidates = (
+        "WITH RECURSIVE levels(queue, priority) AS ("
+        f"SELECT l.queue, (SELECT max(t.priority) {ready}) FROM ({starts}) AS l(queue)"
+        f" UNION ALL SELECT l.queue, (SELECT max(t.priority) {ready} AND t.priority < l.priority)"
+        " FROM levels l WHERE l.priority IS NOT NULL"
+        ") SELECT c.id FROM levels l CROSS JOIN LATERAL ("
+        f"SELECT t.id, t.run_after {ready} AND t.priority = l.priority AND t.run_after <= %s"
+        " ORDER BY t.run_after, t.id LIMIT %s) AS c"
+        " WHERE l.priority IS NOT NULL ORDER BY l.priority DESC, c.run_after, c.id LIMIT %s"
     )
-    pairs = [(q, level) for q in queues for level in (levels or {}).get((q, int(flag)), [])]
-    if not pairs:
-        return None
-    params: list[object] = [p for q, level in pairs for p in (q, level, now, limit)]
-    union = " UNION ALL ".join(f"SELECT * FROM ({branch}) AS q{i}" for i in range(len(pairs)))
-    return f"SELECT id FROM ({union}) AS p ORDER BY priority DESC, run_after, id LIMIT %s", [*params, limit]
+    sql = (
+        f"SELECT w.id FROM ox_task w WHERE w.id IN ({candidates}) AND w.status = 'READY'"
+        " ORDER BY w.priority DESC, w.run_after, w.id LIMIT %s FOR UPDATE SKIP LOCKED"
+    )
+    k = _candidates(limit)
+    return sql, [*queues, now, k, k, limit]
+
+
+def _sqlite_pick(
+    conn: BaseDatabaseWrapper, flag: int, queues: Sequence[str], levels: "Levels", now: object, limit: int
+) -> list[object]:
+    """SQLite, inside the claim's IMMEDIATE transaction (nothing to lock, one writer): the
+    ids of up to `limit` due READY tasks of one kind, in claim order. Priorities from the
+    highest down; per priority one range scan of the READY index per queue that has it,
+    merged here; it stops as soon as `limit` are found. Statements cost no round trip."""
+    chosen: list[object] = []
+    priorities = sorted({p for q in queues for p in levels.get((q, flag), [])}, reverse=True)
+    with conn.cursor() as cursor:
+        for priority in priorities:
+            need = limit - len(chosen)
+            found: list[tuple[datetime, str, object]] = []
+            for queue in queues:
+                if priority not in levels.get((queue, flag), []):
+                    continue
+                cursor.execute(
+                    "SELECT run_after, id FROM ox_task WHERE status = 'READY' AND queue = %s AND is_async = %s"
+                    " AND priority = %s AND run_after <= %s ORDER BY run_after, id LIMIT %s",
+                    [queue, flag, priority, now, need],
+                )
+                found += [(_read_ts(r[0]), str(r[1]), r[1]) for r in cursor.fetchall()]
+            found.sort()  # run_after, then id
+            chosen += [raw for _at, _id, raw in found[:need]]
+            if len(chosen) >= limit:
+                break
+    return chosen
 
 
 def _claim_parts(
@@ -214,38 +238,25 @@ def _claim_parts(
     limits: tuple[int, int],
     now: datetime,
     lease_expires_at: datetime,
-    levels: Levels | None = None,
-) -> ClaimSql | None:
-    """limits: how many sync and how many async tasks to claim. Each kind is picked by its
-    own scans of the READY index (_pick_sql), so a worker never claims tasks of a kind it
-    has no free slot for. started_at and last_attempted_at are left to the first write
-    after the body starts: a claimed task that has not started reads as READY (ox.results).
-    None: nothing to claim (SQLite, by `levels`)."""
-    pg = is_postgres(conn)
-    flags = ("false", "true") if pg else ("0", "1")
-    kinds = [(flag, limit) for flag, limit in zip(flags, limits, strict=True) if limit > 0]
-    found = [(flag, _pick_sql(pg, flag, queues, now if pg else _ts(conn, now), limit, levels)) for flag, limit in kinds]
-    kinds = [(flag, limit) for (flag, limit), (_f, pick) in zip(kinds, found, strict=True) if pick is not None]
-    picks = [pick for _flag, pick in found if pick is not None]
-    if not picks:
-        return None
-    set_running = (
-        "UPDATE ox_task SET status = 'RUNNING', attempts = attempts + 1, worker_id = %s,"
-        " lease_expires_at = %s, fence = fence + 1, last_attempted_at = NULL"
-    )
-    if pg:
-        ctes = [f"pick_{flag} AS ({pick})" for (flag, _limit), (pick, _params) in zip(kinds, picks, strict=True)]
-        pick_params: list[object] = [p for _pick, params in picks for p in params]
-        ids = " UNION ALL ".join(f"SELECT id FROM pick_{flag}" for flag, _limit in kinds)
-        update = f"{set_running} WHERE id IN ({ids}) RETURNING {CLAIM_COLUMNS}"
-        return ClaimSql(ctes, pick_params, update, [worker_id, lease_expires_at])
-    # SQLite: one writer at a time, nothing to lock; the picks are subqueries of the UPDATE.
-    ids = " UNION ALL ".join(f"SELECT id FROM ({pick})" for pick, _params in picks)
-    update = f"{set_running} WHERE id IN ({ids}) RETURNING {CLAIM_COLUMNS}"
-    params: list[object] = [worker_id, _ts(conn, lease_expires_at)]
-    for _pick, pick_params in picks:
-        params += pick_params
-    return ClaimSql([], [], update, params)
+) -> ClaimSql:
+    """PostgreSQL. limits: how many sync and how many async tasks to claim. Each kind is
+    picked by its own scans of the READY index (_pick_sql), so a worker never claims tasks
+    of a kind it has no free slot for. started_at and last_attempted_at are left to the
+    first write after the body starts: a claimed task that has not started reads as READY
+    (ox.results)."""
+    kinds = [(flag, limit) for flag, limit in zip(("false", "true"), limits, strict=True) if limit > 0]
+    picks = [_pick_sql(flag, _distinct(queues), now, limit) for flag, limit in kinds]
+    ctes = [f"pick_{flag} AS ({pick})" for (flag, _limit), (pick, _params) in zip(kinds, picks, strict=True)]
+    pick_params: list[object] = [p for _pick, params in picks for p in params]
+    ids = " UNION ALL ".join(f"SELECT id FROM pick_{flag}" for flag, _limit in kinds)
+    update = f"{_SET_RUNNING} WHERE id IN ({ids}) RETURNING {CLAIM_COLUMNS}"
+    return ClaimSql(ctes, pick_params, update, [worker_id, lease_expires_at])
+
+
+_SET_RUNNING = (
+    "UPDATE ox_task SET status = 'RUNNING', attempts = attempts + 1, worker_id = %s,"
+    " lease_expires_at = %s, fence = fence + 1, last_attempted_at = NULL"
+)
 
 
 def _read_claimed(rows: Iterable[Sequence[Any]]) -> list[Claimed]:
@@ -284,13 +295,12 @@ def claim(
     """Claim due READY tasks in priority order, in one statement: `limits` sync and async
     tasks (an int: that many of each kind)."""
     limits = (limits, limits) if isinstance(limits, int) else limits
-    if max(limits) <= 0:
+    if max(limits) <= 0 or not queues:
         return []
     if not is_postgres(conn):
         with transaction(conn):
             return _claim_sqlite(conn, worker_id, queues, limits, now, lease_expires_at)
     parts = _claim_parts(conn, worker_id, queues, limits, now, lease_expires_at)
-    assert parts is not None
     with conn.cursor() as cursor:
         cursor.execute(f"WITH {', '.join(parts.picks)} {parts.update}", [*parts.pick_params, *parts.update_params])
         return _read_claimed(cursor.fetchall())
@@ -304,13 +314,24 @@ def _claim_sqlite(
     now: datetime,
     lease_expires_at: datetime,
 ) -> list[Claimed]:
-    """SQLite, inside the caller's IMMEDIATE transaction: the priorities waiting, then the claim."""
-    levels = _sqlite_levels(conn, _distinct(queues))
-    parts = _claim_parts(conn, worker_id, queues, limits, now, lease_expires_at, levels)
-    if parts is None:
+    """SQLite, inside the caller's IMMEDIATE transaction: the priorities waiting, the picks
+    (_sqlite_pick), then one UPDATE of the ids picked."""
+    queues = _distinct(queues)
+    if not queues:
+        return []
+    levels = _sqlite_levels(conn, queues)
+    ts = _ts(conn, now)
+    ids = [
+        i for flag, limit in enumerate(limits) if limit > 0 for i in _sqlite_pick(conn, flag, queues, levels, ts, limit)
+    ]
+    if not ids:
         return []
     with conn.cursor() as cursor:
-        cursor.execute(parts.update, parts.update_params)
+        cursor.execute(
+            f"{_SET_RUNNING} WHERE id IN (SELECT value FROM json_each(%s)) AND status = 'READY'"
+            f" RETURNING {CLAIM_COLUMNS}",
+            [worker_id, _ts(conn, lease_expires_at), json.dumps(ids)],
+        )
         return _read_claimed(cursor.fetchall())
 
 
@@ -328,14 +349,13 @@ def complete_and_claim(
     transaction). Returns the claims written (the rest were fenced out) and the claimed."""
     if not done:
         return set(), claim(conn, worker_id, queues, limits, now, lease_expires_at)
-    if max(limits) <= 0:
+    if max(limits) <= 0 or not queues:
         return complete(conn, done), []
     if not is_postgres(conn):
         with transaction(conn):
             return complete(conn, done), _claim_sqlite(conn, worker_id, queues, limits, now, lease_expires_at)
     complete_sql, complete_params = _complete_sql(conn, done)
     parts = _claim_parts(conn, worker_id, queues, limits, now, lease_expires_at)
-    assert parts is not None
     # The completion's rows share the claim's columns: id first, fence at its place.
     nulls = ", ".join(["NULL"] * 10)
     sql = (

@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Q
 from django.db.models.functions import TruncMinute
 from django.tasks import task_backends
-from django.utils import timezone
 
+from ox import clock
 from ox.backend import OxBackend
 from ox.health import backlog, running_counts
 from ox.models import FINISHED, Attempt, Status, Task, Worker
@@ -104,7 +104,7 @@ def configured_queues() -> list[str]:
 
 def overview(now: datetime | None = None, using: str | None = None) -> Overview:
     """Per-queue depth and recent outcomes, and the last hour per minute: four queries."""
-    now = now or timezone.now()
+    now = now or clock.now_on(using)
     tasks = Task.objects.using(using)
     per_queue: dict[str, QueueStats] = {q: QueueStats(q) for q in configured_queues()}
 
@@ -198,7 +198,7 @@ def workers(
     now: datetime | None = None, recent: timedelta = timedelta(hours=1), limit: int = 100, using: str | None = None
 ) -> list[WorkerState]:
     """Workers that have not stopped, plus those seen within `recent`; live ones first."""
-    now = now or timezone.now()
+    now = now or clock.now_on(using)
     rows = list(
         Worker.objects.using(using)
         .filter(Q(stopped_at__isnull=True) | Q(heartbeat_at__gte=now - recent))

@@ -2,8 +2,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
-from django.utils import timezone
 
+from ox import clock
 from ox.backend import OxBackend
 from ox.durations import parse_duration
 from ox.enqueue import database_for
@@ -35,8 +35,9 @@ class Command(BaseCommand):
         batch = backend.config.prune_batch if options["batch_size"] is None else options["batch_size"]
         if batch < 1:
             raise CommandError("--batch-size must be at least 1")
-        now = timezone.now()
-        result = prune(connections[database_for(backend)], rules, now, batch, dry_run=options["dry_run"])
+        conn = connections[database_for(backend)]
+        now = clock.db_now(conn)
+        result = prune(conn, rules, now, batch, dry_run=options["dry_run"])
         verb = "would delete" if options["dry_run"] else "deleted"
         for status, count in result.deleted.items():
             cutoff = now - rules[status]
