@@ -10,7 +10,7 @@ claims still go through the pooler (ox.conf.OxOptions.listen_alias)."""
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from django.db import connections
 
@@ -18,13 +18,18 @@ from ox.connection import open_worker_connection
 
 logger = logging.getLogger("ox.worker")
 
-CHANNEL = "ox_task"  # the trigger in migration 0005 notifies on it
+CHANNEL = "ox_task"  # the trigger of migrations 0005 and 0010 notifies on it
 
 
 class Listener:
-    def __init__(self, alias: str, wake: Callable[[], None]) -> None:
+    """queues: the worker's; a notification naming another queue (migration 0010's payload)
+    is dropped here, so it costs the worker no claim. An empty payload wakes it whatever the
+    queue (0005's trigger, or a manual NOTIFY ox_task)."""
+
+    def __init__(self, alias: str, wake: Callable[[], None], queues: Collection[str] = ()) -> None:
         self.alias = alias
         self.wake = wake
+        self.queues = frozenset(queues)
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="ox-listen", daemon=True)
 
@@ -49,8 +54,9 @@ class Listener:
                     delay = 0.5
                     while not self.stopped.is_set():
                         # Ends after `timeout` s without a notification, to look at `stopped`.
-                        for _note in raw.notifies(timeout=1.0, stop_after=1):
-                            self.wake()
+                        for note in raw.notifies(timeout=1.0, stop_after=1):
+                            if not self.queues or not note.payload or note.payload in self.queues:
+                                self.wake()
                 finally:
                     conn.close()
             except Exception as exc:  # noqa: BLE001  (the poll still works; retry quietly)

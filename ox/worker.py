@@ -146,7 +146,7 @@ class Worker:
         )
         listen_alias = self.options.listen_alias(self.alias)
         if listen_alias is not None and Listener.available(listen_alias):
-            self.listener = Listener(listen_alias, self._on_notify)
+            self.listener = Listener(listen_alias, self._on_notify, self.settings.queues)
             self.listener.start()
         event(
             logger,

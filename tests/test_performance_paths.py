@@ -1,6 +1,9 @@
+
 """The mechanisms the benchmarks rely on, checked for behaviour (speed is measured in bench/)."""
 
 import signal
+import threading
+import time
 
 import pytest
 from django.db import connection
@@ -86,9 +89,54 @@ def test_notify_trigger_fires_once_per_insert_statement_and_only_on_commit():
             pass
         assert payloads_until(listener, "after-rollback") == []  # rolled back: no wake-up
         enqueue_many(tasks.echo, [((i,), {}) for i in range(50)])
-        assert len(payloads_until(listener, "after-insert")) == 1  # 50 rows, one statement, one NOTIFY
+        # 50 rows, one statement, one NOTIFY, naming its queue (migration 0010).
+        assert payloads_until(listener, "after-insert") == ["default"]
+        with transaction.atomic():
+            tasks.echo.enqueue(1)
+            tasks.other_queue.enqueue()
+            tasks.echo.enqueue(2)
+        assert sorted(payloads_until(listener, "after-two-queues")) == ["default", "other"]
+        # Turned off for a session (or role, or database): no notification.
+        with connection.cursor() as cursor:
+            cursor.execute("SET ox.notify = off")
+        try:
+            tasks.echo.enqueue(3)
+            enqueue_many(tasks.echo, [((i,), {}) for i in range(5)])
+            assert payloads_until(listener, "after-off") == []
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET ox.notify")
+        tasks.echo.enqueue(4)
+        assert payloads_until(listener, "after-reset") == ["default"]
     finally:
         listener.close()
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_a_listener_wakes_its_worker_only_for_its_own_queues():
+    from ox.listener import Listener
+
+    woken = threading.Event()
+    listener = Listener(connection.alias, woken.set, ["emails", "reports"])
+    listener.start()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # LISTEN is in place once a probe wakes it
+            tasks.echo.using(queue_name="emails").enqueue("probe")
+            if woken.wait(0.2):
+                break
+        assert woken.is_set(), "the listener never heard the probe"
+        time.sleep(0.3)
+        woken.clear()
+        for i in range(20):
+            tasks.echo.enqueue(i)  # queue "default": not this worker's
+        tasks.other_queue.enqueue()
+        assert not woken.wait(1.0), "woken by another queue's enqueue"
+        tasks.echo.using(queue_name="reports").enqueue("mine")
+        assert woken.wait(5.0), "not woken by its own queue's enqueue"
+    finally:
+        listener.stop()
+        listener.thread.join(timeout=5)
 
 
 def test_complete_and_claim_is_one_statement(django_assert_num_queries):
