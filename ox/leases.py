@@ -24,6 +24,9 @@ class Leases:
         w = self.w
         assert w.sync is not None and w.aio is not None
         now = clock.db_now(w.conn)
+        # Under DEBUG Django keeps every statement of a connection (up to 9,000): the worker's
+        # own would hold tens of MiB of claims and completions for nothing.
+        w.conn.queries_log.clear()
         sql.heartbeat(w.conn, w.id, now)
         rows = []
         for key, held in w.held.items():

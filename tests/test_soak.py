@@ -1,0 +1,196 @@
+"""Soak: sustained enqueue and drain at about half of capacity with pruning on (scripts/soak.py).
+
+One run per module (a fixture), then one test per property, so a known finding can be marked on
+its own assertion. The run: a `manage.py runworker --concurrency 2` subprocess with OPTIONS
+PRUNE {"SUCCESSFUL": 5} and PRUNE_INTERVAL 1 (through OX_TEST_OPTIONS), its capacity measured
+with bursts of no-op tasks, then a producer subprocess enqueuing `tests.tasks.noop` through
+`task.enqueue()` / `ox.enqueue_many` at half that rate, capped at 1,500/s (a burst on a fresh
+table overstates what a churning one sustains: scripts/soak.py SoakConfig.max_rate), sampled
+every window. The worker runs with DEBUG off (Django's debug query log would otherwise fill its
+memory by up to ~80 MiB: SoakConfig.debug).
+
+Short by default: OX_SOAK_MINUTES=1 (5 s windows, about 80 s in all). The long version:
+`OX_SOAK_MINUTES=30 ./test -k soak` (60 s windows; OX_SOAK_RATE=N fixes the rate instead of
+measuring capacity). Autovacuum is whatever the server does: none of this changes its config.
+
+What is asserted, and why the thresholds are what they are (a 2-core machine that other test
+runs and benchmarks share, so one window can lose half its CPU):
+- throughput: per-window drain rate, first window (warm-up: the table fills up to its prune
+  retention) left out; the median of the last third within 20% of the median of the first
+  third, and the first third at 80%+ of the target rate (the worker keeps up). Medians of 3+
+  windows, so one disturbed window, or the catch-up window after it, does not decide.
+- bounded: ox_task's n_dead_tup, heap size, index size, the claim index's size (SQLite: file
+  size, freelist pages, per-b-tree sizes from dbstat): the last third's max at most 1.2x the
+  first third's max, or the first third's max plus a floor (2 MiB; 20,000 dead tuples; 512
+  freelist pages) if that is larger: the prune sawtooth and the backlog, sampled at a different
+  moment, move small sizes by more than 20%; and under an absolute cap (scripts/soak.py CAP). On
+  PostgreSQL only space VACUUM has made free is reused, so the comparison starts after the
+  first window in which a vacuum ran; a server with autovacuum off never reaches a steady
+  state (measured: see the xfail reasons), a known finding marked xfail(strict=True).
+- memory: the worker's RSS (/proc/<pid>/status): the median of the last third at most the
+  first third's + 8 MiB, or else at most the middle third's + 4 MiB (a warm-up that has
+  settled: on SQLite RSS climbs ~14 MiB over the first ~2 minutes, then stays flat; a steady
+  climb fails both).
+- nothing lost: every enqueued task is SUCCESSFUL (or READY, see drained) or was deleted by the
+  pruner (whose rules hold SUCCESSFUL only; counted from its log lines), none FAILED, CANCELLED
+  or RUNNING, none retried, and the worker exits 0 on SIGTERM.
+- drained: nothing READY within 120 s of the producers stopping.
+"""
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from scripts import soak
+from tests.conftest import database_url
+
+MINUTES = float(os.environ.get("OX_SOAK_MINUTES", "1"))
+RATE = float(os.environ["OX_SOAK_RATE"]) if os.environ.get("OX_SOAK_RATE") else None
+
+# The module's run happens in the first test's setup: its timeout must cover it. The django_db
+# mark makes pytest-django set the test database up (it sets up only databases marked tests use).
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.timeout(int(MINUTES * 60) + 420),
+]
+
+# Measured on this machine's PostgreSQL 15 (autovacuum = off in its conf.d/90-ci.conf), 30 min
+# at 1,500 tasks/s (2.73 million tasks): n_dead_tup 0.62 -> 7.4 million, heap 73 -> 1,017 MiB,
+# indexes 55 -> 757 MiB from the second to the last minute, linear throughout; the default
+# minute: n_dead_tup 122k -> 349k, heap 13 -> 41 MiB, indexes 15 -> 33 MiB.
+NO_AUTOVACUUM = (
+    "the server runs with autovacuum=off and nothing else vacuums ox_task: dead tuples, heap and "
+    "indexes grow linearly with the tasks processed (about 3 dead tuples and 0.35 KiB of heap per task)"
+)
+
+
+# What grows without VACUUM from the first minute on: the heap, its dead tuples, all indexes.
+GROWS_WITHOUT_VACUUM = {"dead", "table_bytes", "index_bytes"}
+# The claim index grows later: for a few minutes the claim's own index scans mark the entries of
+# claimed rows dead and a page about to split drops them, so it holds (2.4 -> 2.5 MiB over the
+# default minute, asserted); then it grows too (2.6 MiB at 2 min, 5.1 at 5, 17 at 10, 117 at 30,
+# on the 30-minute run at 1,500/s: emptied b-tree pages are recycled only by VACUUM).
+# Strictly a known failure from 10 minutes on; in between it may or may not have grown yet.
+CLAIM_INDEX_GROWS_AFTER_MINUTES = (3.0, 10.0)  # (asserted up to, strict xfail from)
+NO_AUTOVACUUM_CLAIM_INDEX = (
+    "the server runs with autovacuum=off: after a few minutes the claim index ox_task_ready_claim "
+    "grows without bound too (its emptied pages are reused only after VACUUM)"
+)
+
+
+# Throughput holds for the first ~13 minutes at 1,500/s, then falls to ~1,000/s (median of the
+# last third 1,136/s against 1,500/s; the backlog reached 338,000): every rescue look (each
+# RESCUE_INTERVAL) reads ox_task_running_lease with a bitmap scan, which never marks dead index
+# entries, so it visits every task that was RUNNING since the last VACUUM (2.1 million entries,
+# 94,000 heap pages, ~0.5 s per scan at minute 25), and the pruner's scan of
+# ox_task_status_finished walks the dead entries of everything it already deleted. Both run in
+# the worker's loop. After the producers stop the backlog does not drain within the timeout.
+DEGRADES_AFTER_MINUTES = (5.0, 20.0)
+NO_AUTOVACUUM_THROUGHPUT = (
+    "the server runs with autovacuum=off: after ~13 minutes at 1,500/s the worker's rescue looks "
+    "(bitmap scans of ox_task_running_lease over every dead entry since the last VACUUM) and the "
+    "pruner's scans slow the loop, and the drain rate falls ~25-35% below the enqueue rate"
+)
+
+
+def known_when_unvacuumed(
+    run: soak.SoakResult, request: pytest.FixtureRequest, minutes: tuple[float, float], reason: str
+) -> None:
+    """Mark a known finding of servers without autovacuum on this test: asserted for runs up to
+    minutes[0] (it has not shown yet), strict xfail from minutes[1] (it has, every time), a
+    plain xfail in between (it may or may not have shown yet)."""
+    if run.vendor != "postgresql" or run.autovacuum != "off":
+        return
+    asserted_up_to, strict_from = minutes
+    if MINUTES >= strict_from:
+        request.node.add_marker(pytest.mark.xfail(strict=True, reason=reason))
+    elif MINUTES > asserted_up_to:
+        request.node.add_marker(pytest.mark.xfail(strict=False, reason=reason))
+
+
+@pytest.fixture(scope="module")
+def run(django_db_setup, django_db_blocker, tmp_path_factory) -> soak.SoakResult:
+    config = soak.SoakConfig(minutes=MINUTES, rate=RATE)
+    with django_db_blocker.unblock():
+        result = soak.run_soak(
+            config,
+            database_url(),
+            dict(os.environ),
+            Path(tmp_path_factory.mktemp("soak")),
+            out=lambda line: print(line, flush=True),
+        )
+        yield result
+        # The run is not inside a test transaction: leave the tables as the next test expects.
+        from ox.models import Attempt, Task, Tick, Worker
+
+        Attempt.objects.all().delete()
+        Task.objects.all().delete()
+        Worker.objects.all().delete()
+        Tick.objects.all().delete()
+
+
+def check(result: soak.SoakResult, name: str) -> soak.Check:
+    found = {c.name: c for c in soak.checks(result)}
+    assert name in found, f"no check {name!r}: {sorted(found)}"
+    return found[name]
+
+
+def test_nothing_lost(run):
+    c = check(run, "nothing lost")
+    assert c.ok, c.detail
+    w = check(run, "workers exit 0")
+    assert w.ok, w.detail
+
+
+def test_everything_drained(run, request):
+    known_when_unvacuumed(run, request, DEGRADES_AFTER_MINUTES, NO_AUTOVACUUM_THROUGHPUT)
+    c = check(run, "drained")
+    assert c.ok, c.detail
+
+
+def test_throughput_is_stable(run, request):
+    known_when_unvacuumed(run, request, DEGRADES_AFTER_MINUTES, NO_AUTOVACUUM_THROUGHPUT)
+    c = check(run, "throughput")
+    assert c.ok, c.detail
+
+
+def test_worker_memory_does_not_grow(run):
+    c = check(run, "memory")
+    assert c.ok, c.detail
+
+
+@pytest.mark.parametrize("metric", ["dead", "table_bytes", "index_bytes", "ready_index_bytes", "file_bytes"])
+def test_ox_task_stays_bounded(run, metric, request):
+    if metric == "file_bytes" and run.vendor != "sqlite":
+        pytest.skip("PostgreSQL: heap and index sizes are checked instead of a file's")
+    if metric == "ready_index_bytes":
+        known_when_unvacuumed(run, request, CLAIM_INDEX_GROWS_AFTER_MINUTES, NO_AUTOVACUUM_CLAIM_INDEX)
+    if run.vendor == "postgresql" and metric in GROWS_WITHOUT_VACUUM:
+        if run.autovacuum == "off":
+            # A known finding, asserted so that it flips (XPASS, strict: fails) once ox_task
+            # stops growing on such a server, e.g. when ox vacuums the table itself.
+            request.node.add_marker(pytest.mark.xfail(strict=True, reason=NO_AUTOVACUUM))
+        else:
+            first = next((w.index for w in run.windows if w.vacuums), None)
+            if first is None or len(run.windows) - first < 4:
+                pytest.skip(
+                    f"autovacuum visited ox_task first in window {first} of {len(run.windows)}: too few "
+                    "windows after it to judge a steady state; run longer (OX_SOAK_MINUTES=30)"
+                )
+            # Before the first vacuum the heap can only grow: compare from the window after it.
+            run = dataclasses.replace(
+                run, windows=run.windows[first:], config=dataclasses.replace(run.config, warmup_windows=0)
+            )
+    c = check(run, f"bounded:{metric}")
+    assert c.ok, c.detail
+
+
+def test_the_run_used_the_database_under_test(run):
+    # The soak samples through this process's connection and its subprocesses get DATABASE_URL:
+    # both must be the per-pid test database, never a developer's.
+    assert run.vendor == connection.vendor
+    assert connection.settings_dict["NAME"] in database_url()
