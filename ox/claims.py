@@ -39,10 +39,11 @@ class Claims:
         w = self.w
         return sum(1 for h in w.held.values() if (h.prep.is_async if h.prep else h.claimed.is_async) == is_async)
 
-    def limits(self) -> tuple[int, int]:
+    def limits(self, probe: bool = True) -> tuple[int, int]:
         """How many sync and async tasks to ask for: each kind's free slots, plus a prefetch
         sized to how short tasks are (none while prefetched tasks were just given back).
-        Async tasks are looked for once seen, or once a poll interval."""
+        Async tasks are looked for once seen, or once a poll interval (probe=False: the room
+        for them whatever the probe says)."""
         w = self.w
         extra = 0 if w.prefetch_hold else w.prefetch.size()
         limits = []
@@ -51,7 +52,7 @@ class Claims:
             want = max(slots + extra - busy, 0)
             # Refill early, before the prefetched tasks run out, but not one task at a time.
             limits.append(want if busy < slots or want >= max(extra // 2, 1) else 0)
-        if not (w.async_seen or time.monotonic() >= w.next_async_probe):
+        if probe and not (w.async_seen or time.monotonic() >= w.next_async_probe):
             limits[1] = 0
         if w.settings.max_tasks is not None:
             left = max(w.settings.max_tasks - w.claimed_total, 0)
@@ -144,10 +145,15 @@ class Claims:
         wait = w.poll_interval
         # Only the kinds there is room for: a due async task behind full async slots must
         # not wake a worker whose free slots are sync ones, again and again.
-        sync_room, async_room = self.limits()
+        sync_room, async_room = self.limits(probe=False)
         earliest = sql.earliest_ready(w.conn, w.settings.queues, (sync_room > 0, async_room > 0))
         if earliest is not None:
             wait = min(wait, max((earliest - clock.db_now(w.conn)).total_seconds(), 0.001))
+            if async_room and not w.async_seen:
+                # What comes due may be async (a task scheduled a moment ahead, or one whose
+                # producer's reading of the database clock is a few ms ahead of ours): look
+                # for async tasks then, not only at the next probe a poll interval away.
+                w.next_async_probe = min(w.next_async_probe, time.monotonic() + wait)
         retry_in = w.completer.retry_due - time.monotonic()
         if retry_in > 0:  # a retry this worker scheduled comes due sooner
             wait = min(wait, retry_in)

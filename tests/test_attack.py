@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -231,6 +232,24 @@ def test_an_enqueue_notify_wakes_the_worker_for_async_tasks_too(start_worker):
         wait_until(lambda: status(async_one) == Status.SUCCESSFUL, timeout=5)
     except AssertionError:
         raise AssertionError(f"the async task is still {status(async_one)} 5 s after its NOTIFY") from None
+    finally:
+        stop(worker)
+
+
+@postgres_only
+def test_an_async_task_due_a_moment_after_its_notify_is_not_left_for_the_poll(start_worker):
+    # The NOTIFY wakes the loop and the claim looks for async tasks, but this one is not due
+    # yet (scheduled 0.5 s ahead; the same happens when the producer's reading of the
+    # database clock is a few ms ahead of the worker's): the worker must come back when it
+    # is due, not at its next async probe a poll interval (15 s) later. Found by CI.
+    worker = start_worker("--interval", "15")
+    wait_until(lambda: Worker.objects.filter(pid=worker.pid).exists(), timeout=20)
+    time.sleep(1.0)
+    soon = attack_tasks.async_nap.using(run_after=timedelta(seconds=0.5)).enqueue(0.0)
+    try:
+        wait_until(lambda: status(soon) == Status.SUCCESSFUL, timeout=5)
+    except AssertionError:
+        raise AssertionError(f"the async task is still {status(soon)} 4.5 s after it was due") from None
     finally:
         stop(worker)
 
