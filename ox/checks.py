@@ -48,6 +48,19 @@ def _options(params: dict[str, Any]) -> OxOptions | None:
         return None
 
 
+def _ox_databases() -> Iterator[tuple[str, OxOptions, str]]:
+    """(backend alias, its options, the database alias it writes to) for each ox backend
+    whose OPTIONS are valid (invalid ones are ox.E001's)."""
+    from django.db import router
+
+    from ox.models import Task
+
+    for alias, params in _ox_backends():
+        options = _options(params)
+        if options is not None:
+            yield alias, options, options.database or router.db_for_write(Task)
+
+
 @checks.register(checks.Tags.compatibility)
 def check_options(app_configs: Any = None, **kwargs: Any) -> Messages:
     errors: Messages = []
@@ -108,16 +121,8 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> Messages:
 # runs it.
 @checks.register(checks.Tags.compatibility)
 def check_database_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
-    from django.db import router
-
-    from ox.models import Task
-
     messages: Messages = []
-    for alias, params in _ox_backends():
-        options = _options(params)
-        if options is None:
-            continue
-        db = options.database or router.db_for_write(Task)
+    for alias, _opts, db in _ox_databases():
         if db not in settings.DATABASES:
             messages.append(checks.Error(f"TASKS[{alias!r}] OPTIONS DATABASE {db!r} is not in DATABASES", id="ox.E007"))
             continue
@@ -240,16 +245,8 @@ def _pooling_messages(alias: str, options: OxOptions, db: str) -> Messages:
 
 @checks.register(checks.Tags.compatibility)
 def check_pooling(app_configs: Any = None, **kwargs: Any) -> Messages:
-    from django.db import router
-
-    from ox.models import Task
-
     messages: Messages = []
-    for alias, params in _ox_backends():
-        options = _options(params)
-        if options is None:
-            continue
-        db = options.database or router.db_for_write(Task)
+    for alias, options, db in _ox_databases():
         if db in settings.DATABASES:  # else ox.E007
             messages.extend(_pooling_messages(alias, options, db))
     return messages
