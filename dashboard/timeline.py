@@ -6,7 +6,8 @@ read off the task itself (worker_id, last_attempted_at, finished_at)."""
 from dataclasses import dataclass
 from datetime import datetime
 
-from ox.models import Attempt, Status, Task
+from ox.models import Attempt, Status
+from ox.models import TaskBase as Task  # a row of ox_task or of the archive
 
 
 @dataclass

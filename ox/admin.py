@@ -12,13 +12,14 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.views.main import ChangeList
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from ox import operations
-from ox.models import Attempt, Task, Worker
+from ox.archive import attempts_of
+from ox.models import ArchivedTask, Attempt, Task, Worker
 from ox.operations import Changed
 from ox.paging import CappedPaginator
 from ox.stats import ANY_STATUS, ID_CLOCK_SLACK, configured_queues, id_floor
@@ -39,6 +40,11 @@ def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, changed: Changed
         parts.append(f"{unchanged} unchanged (not in a state that allows it)")
     level = messages.SUCCESS if changed else messages.WARNING
     modeladmin.message_user(request, f"{selected} selected: {'; '.join(parts)}.", level)
+
+
+def _any_status(queryset: QuerySet[Any]) -> Q:
+    """ANY_STATUS on ox_task (partial indexes per status); the archive's indexes are plain."""
+    return ANY_STATUS if queryset.model is Task else Q()
 
 
 class AttemptInline(admin.TabularInline):
@@ -70,7 +76,7 @@ class QueueFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Task]) -> QuerySet[Task]:
         value = self.value()
         # Per-status partial indexes (ox.stats.ANY_STATUS): a queue with no rows is cheap too.
-        return queryset.filter(ANY_STATUS, queue=value) if value else queryset
+        return queryset.filter(_any_status(queryset), queue=value) if value else queryset
 
 
 class EnqueuedFilter(admin.SimpleListFilter):
@@ -139,7 +145,7 @@ class TaskAdmin(admin.ModelAdmin):
         try:
             return queryset.filter(pk=uuid.UUID(term)), False
         except ValueError:
-            return queryset.filter(ANY_STATUS, task_path=term), False
+            return queryset.filter(_any_status(queryset), task_path=term), False
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -163,6 +169,53 @@ class TaskAdmin(admin.ModelAdmin):
     def cancel_tasks(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
         selected = queryset.count()
         _report(self, request, operations.cancel(queryset), selected)
+
+
+@admin.register(ArchivedTask)
+class ArchivedTaskAdmin(TaskAdmin):
+    """Finished tasks moved to ox_task_archive (ox.archive): read-only, with Retry (which moves
+    a failed or cancelled one back into ox_task as READY). Seen and retried under the Task
+    permissions (ox.view_task, ox.change_task), as the dashboard does."""
+
+    inlines = []
+    actions = ["retry_tasks"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [*super().get_readonly_fields(request, obj), "attempt_rows"]
+
+    @admin.display(description="failed attempts")
+    def attempt_rows(self, obj: ArchivedTask) -> str:
+        # No inline: Attempt's foreign key names ox_task, and the task's row is not there.
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+            '<td><pre class="ox-traceback">{}</pre></td></tr>',
+            (
+                (a.number, a.outcome, a.worker_id, a.finished_at, a.exception_class_path, a.traceback)
+                for a in attempts_of(obj)
+            ),
+        )
+        return format_html("<table>{}</table>", rows) if rows else "-"
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("ox.view_task") or self.has_retry_permission(request)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("ox.change_task")
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.action(description="Retry selected tasks (failed or cancelled)", permissions=["retry"])
+    def retry_tasks(self, request: HttpRequest, queryset: QuerySet[ArchivedTask]) -> None:
+        selected = queryset.count()
+        _report(self, request, operations.retry(queryset), selected)
 
 
 @admin.register(Worker)

@@ -12,9 +12,9 @@ from django.tasks import TaskResult
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 
+from ox.archive import attempts_of, find_row
 from ox.conf import OxOptions
 from ox.enqueue import aenqueue_one, database_for, enqueue_one
-from ox.models import Task as TaskRow
 from ox.results import attempts_to_load, build_result
 from ox.tasks import OxTask
 
@@ -81,12 +81,11 @@ class OxBackend(BaseTaskBackend):
             pk = uuid.UUID(str(result_id))
         except ValueError:
             raise TaskResultDoesNotExist(result_id) from None
-        db = database_for(self)
-        try:
-            row = TaskRow.objects.using(db).get(pk=pk)
-        except TaskRow.DoesNotExist:
-            raise TaskResultDoesNotExist(result_id) from None
-        attempts = list(row.failed_attempts.using(db).order_by("number", "id")) if attempts_to_load(row) else []
+        # ox_task, else the archive (ox.archive): a finished task reads the same from either.
+        row = find_row(pk, database_for(self))
+        if row is None:
+            raise TaskResultDoesNotExist(result_id)
+        attempts = attempts_of(row) if attempts_to_load(row) else []
         return build_result(row, attempts, self.alias)
 
     async def aget_result(self, result_id: str) -> TaskResult:

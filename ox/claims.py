@@ -85,6 +85,7 @@ class Claims:
             w.held[c.key] = Held(c)
         w.claimed_total += len(claimed)
         got_async = sum(1 for c in claimed if c.is_async)
+        probe_only = sync_limit == 0 and not w.async_seen  # looking for a kind never seen yet
         w.async_seen = w.async_seen or got_async > 0
         if async_limit and not got_async:
             w.next_async_probe = time.monotonic() + w.poll_interval
@@ -104,6 +105,8 @@ class Claims:
             w.next_poll = time.monotonic() + w.poll_interval
         elif not w.more_waiting:
             self._schedule_poll()
+            if not probe_only:
+                w.idle.after_claim()
 
     def _start(self, claimed: list[sql.Claimed]) -> bool:
         """Prepare and hand over; True if some claims had to go back."""

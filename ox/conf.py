@@ -47,6 +47,14 @@ class OxOptions:
     prune: dict[str, Any] = field(default_factory=dict)  # finished status -> retention ("7d" or seconds)
     prune_interval: float = 600.0  # seconds between a worker's pruning rounds
     prune_batch: int = 1000  # rows deleted per transaction
+    # ox.archive: finished tasks move to ox_task_archive this long after they finished (a
+    # duration: "5m", seconds; None: never, they stay in ox_task until pruned)...
+    archive_after: Any = "5m"
+    archive_batch: int = 5000  # ...this many rows per transaction
+    # PostgreSQL: the vacuum duty (ox.vacuum), a thread of each worker on its own session.
+    vacuum: bool = True
+    vacuum_interval: float = 10.0  # seconds between looks at the tables' dead tuple counts
+    vacuum_min_dead: int = 10000  # a table is vacuumed from this many dead tuples (and 5% of its live ones)
     worker_stale_after: float = 60.0  # a running worker silent this long is stale
     health_max_backlog: int = 10000  # due READY tasks
     health_max_ready_age: float = 300.0  # seconds the oldest due READY task has waited
@@ -134,11 +142,26 @@ class OxOptions:
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 raise ImproperlyConfigured(f"ox OPTIONS {name.upper()} must be an integer >= {minimum}, got {value!r}")
 
-        for name in ("prune_interval", "worker_stale_after", "health_max_ready_age", "health_max_xact_age"):
+        if not isinstance(self.vacuum, bool):
+            raise ImproperlyConfigured(f"ox OPTIONS VACUUM must be True or False, got {self.vacuum!r}")
+        count("vacuum_min_dead", 0)
+        for name in (
+            "prune_interval",
+            "vacuum_interval",
+            "worker_stale_after",
+            "health_max_ready_age",
+            "health_max_xact_age",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise ImproperlyConfigured(f"ox OPTIONS {name.upper()} must be a positive number, got {value!r}")
         count("prune_batch", 1)
+        count("archive_batch", 1)
+        if self.archive_after is not None:
+            try:
+                parse_duration(self.archive_after)
+            except ValueError as exc:
+                raise ImproperlyConfigured(f"ox OPTIONS ARCHIVE_AFTER: {exc} (or None: no archiving)") from exc
         count("health_max_backlog", 0)
         count("health_max_stale_workers", 0)
         count("health_min_workers", 0)
@@ -160,6 +183,12 @@ class OxOptions:
         from ox.durations import parse_duration
 
         return {status: parse_duration(retention) for status, retention in self.prune.items()}
+
+    def archive_age(self) -> timedelta | None:
+        """How long after finishing a task moves to the archive; None: archiving is off."""
+        from ox.durations import parse_duration
+
+        return None if self.archive_after is None else parse_duration(self.archive_after)
 
     def timeout_for(self, queue: str, task_timeout: float | None) -> float | None:
         if task_timeout is not None:

@@ -1,5 +1,7 @@
-"""Periodic duties a worker runs beside its tasks (periodic task ticks, pruning): each is
-called on the worker's own connection every `interval` seconds, from the worker loop."""
+"""Periodic duties a worker runs beside its tasks (periodic task ticks, archiving, pruning,
+vacuuming): each is called on the worker's own connection every `interval` seconds, from the
+worker loop. A duty whose work may take long (VACUUM) starts it on a thread of its own and is
+stopped with the worker."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,14 +20,23 @@ class Duty:
     name: str
     interval: float  # seconds between runs
     run: Callable[[Any, datetime], None]  # (worker connection, now)
+    on_stop: Callable[[], None] | None = None  # called once as the worker stops
+
+    def stop(self) -> None:
+        if self.on_stop is not None:
+            self.on_stop()
 
 
 def worker_duties(worker: "Worker") -> list[Duty]:
     """The duties this worker takes on, from the backend's OPTIONS: SCHEDULES fire ticks,
-    PRUNE deletes finished tasks past their retention."""
+    ARCHIVE_AFTER moves finished tasks to the archive, PRUNE deletes finished tasks past their
+    retention, VACUUM (PostgreSQL) reclaims dead rows."""
+    from ox.archive import Archiver
     from ox.periodic import Ticker
     from ox.prune import Pruner
     from ox.schedules import parse_schedules
+    from ox.sql import is_postgres
+    from ox.vacuum import Vacuumer
 
     options = worker.options
     duties = []
@@ -34,4 +45,12 @@ def worker_duties(worker: "Worker") -> list[Duty]:
     if options.prune:
         pruner = Pruner(options.prune_rules(), options.prune_interval, options.prune_batch)
         duties.append(Duty("prune", min(PRUNE_POLL, options.prune_interval), pruner.run))
+    age = options.archive_age()
+    if age is not None:
+        archiver = Archiver(age, options.archive_batch)
+        duties.append(Duty("archive", archiver.poll, archiver.run))
+    if options.vacuum and is_postgres(worker.conn):
+        vacuumer = Vacuumer(worker.alias, options.vacuum_interval, options.vacuum_min_dead, options.pooled)
+        # The vacuumer paces its own looks (it backs off while VACUUM cannot keep up).
+        duties.append(Duty("vacuum", min(1.0, options.vacuum_interval), vacuumer.run, vacuumer.stop))
     return duties

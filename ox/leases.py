@@ -27,7 +27,13 @@ class Leases:
         # Under DEBUG Django keeps every statement of a connection (up to 9,000): the worker's
         # own would hold tens of MiB of claims and completions for nothing.
         w.conn.queries_log.clear()
-        sql.heartbeat(w.conn, w.id, now)
+        clear = w.idle.clear_at_heartbeat()
+        try:
+            sql.heartbeat(w.conn, w.id, now, clear_idle=clear)
+        except Exception:
+            if clear:
+                w.idle.marked = True  # the row was not cleared: the next heartbeat tries again
+            raise
         rows = []
         for key, held in w.held.items():
             if held.lost:

@@ -44,14 +44,16 @@ class Listener:
         self.stopped.set()
 
     def _run(self) -> None:
-        delay = 0.5
+        delay, lost = 0.5, False
         while not self.stopped.is_set():
             try:
                 conn = open_worker_connection(self.alias)
                 try:
                     raw = conn.connection
                     raw.execute(f"LISTEN {CHANNEL}")
-                    delay = 0.5
+                    if lost:
+                        self.wake()  # back after a gap: enqueues meanwhile notified no one
+                    delay, lost = 0.5, True
                     while not self.stopped.is_set():
                         # Ends after `timeout` s without a notification, to look at `stopped`.
                         for note in raw.notifies(timeout=1.0, stop_after=1):

@@ -29,7 +29,10 @@ class TaskQuerySet(models.QuerySet["Task"]):
         return self.filter(status__in=FINISHED)
 
 
-class Task(models.Model):
+class TaskBase(models.Model):
+    """The columns of a task, shared by the hot table (ox_task) and the archive
+    (ox_task_archive), so a row moves between them column for column."""
+
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     task_path = models.CharField(max_length=255)
     queue = models.CharField(max_length=64, default="default")
@@ -60,6 +63,18 @@ class Task(models.Model):
     cancel_requested = models.BooleanField(default=False)
 
     objects = TaskQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.task_path} [{self.status}] {self.id}"
+
+
+class Task(TaskBase):
+    """Live tasks and the recently finished ones. ox.archive moves rows finished more than
+    ARCHIVE_AFTER ago to ArchivedTask, so this table and its partial indexes stay at the size
+    of the backlog plus a few minutes of history."""
 
     class Meta:
         db_table = "ox_task"
@@ -125,8 +140,30 @@ class Task(models.Model):
             models.CheckConstraint(condition=Q(max_attempts__gte=1), name="ox_task_max_attempts_positive"),
         ]
 
-    def __str__(self) -> str:
-        return f"{self.task_path} [{self.status}] {self.id}"
+
+class ArchivedTask(TaskBase):
+    """Finished tasks moved out of ox_task by ox.archive (append-mostly: rows leave only by
+    pruning or a retry that moves them back). Its indexes serve what reads it: pruning by
+    (status, finished_at), the dashboard's and the admin's newest-first lists by queue, path
+    and status, and "retry all matching" counts by (status, queue). None is partial: every row
+    here is finished."""
+
+    class Meta:
+        db_table = "ox_task_archive"
+        verbose_name = "archived task"
+        indexes = [
+            models.Index(fields=["status", "finished_at"], name="ox_archive_status_finished"),
+            models.Index(fields=["queue", "id"], name="ox_archive_queue"),
+            models.Index(fields=["task_path", "id"], name="ox_archive_path"),
+            models.Index(fields=["status", "id"], name="ox_archive_status"),
+            # Failures are few: a partial index keeps "retry all N matching" of a queue an
+            # index-only count of its failures, however many successes the archive holds.
+            models.Index(
+                fields=["status", "queue", "id"],
+                name="ox_archive_failed_queue",
+                condition=Q(status__in=["FAILED", "CANCELLED"]),
+            ),
+        ]
 
 
 class Outcome(models.TextChoices):
@@ -139,7 +176,10 @@ class Outcome(models.TextChoices):
 class Attempt(models.Model):
     """An attempt that did not succeed; the happy path writes none."""
 
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="failed_attempts")
+    # No database constraint: an archived task's attempts stay here while its row moves to
+    # ox_task_archive (and back on a retry). Raw deletes of tasks delete their attempts
+    # explicitly (ox.prune); the ORM's cascade still covers Task deletes.
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, db_constraint=False, related_name="failed_attempts")
     number = models.PositiveIntegerField()
     worker_id = models.CharField(max_length=128, blank=True, default="")
     started_at = models.DateTimeField(null=True, blank=True)
@@ -172,10 +212,21 @@ class Worker(models.Model):
     # that reconnects within the grace (its heartbeat clears this) keeps its tasks.
     lock_lost_at = models.DateTimeField(null=True, blank=True)
     stopped_at = models.DateTimeField(null=True, blank=True)
+    # PostgreSQL: set while the worker waits with free slots, so enqueues of its queues notify
+    # (ox.idle, migration 0012); a busy worker clears it and producers stop notifying.
+    idle_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "ox_worker"
-        indexes = [models.Index(fields=["heartbeat_at"], name="ox_worker_heartbeat")]
+        indexes = [
+            models.Index(fields=["heartbeat_at"], name="ox_worker_heartbeat"),
+            # The enqueue trigger's look for a waiting worker: only marked, running rows.
+            models.Index(
+                fields=["idle_since"],
+                name="ox_worker_idle",
+                condition=Q(idle_since__isnull=False, stopped_at__isnull=True),
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.id

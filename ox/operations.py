@@ -10,9 +10,8 @@ from django.db.models import Case, F, QuerySet, Value, When
 from django.tasks import task_backends
 
 from ox import clock
-from ox.models import Status, Task
-
-RETRYABLE = (Status.FAILED, Status.CANCELLED)
+from ox.archive import ID_CHUNK, RETRYABLE, move_back
+from ox.models import ArchivedTask, Status, Task
 
 
 @dataclass(frozen=True)
@@ -25,12 +24,16 @@ class Changed:
         return bool(self.cancelled or self.cancel_requested or self.retried)
 
 
+def _ids(task_ids: Any) -> list[uuid.UUID]:
+    if isinstance(task_ids, (str, uuid.UUID)):
+        task_ids = [task_ids]
+    return [uuid.UUID(str(t)) for t in task_ids]
+
+
 def _as_queryset(task_ids: Any) -> QuerySet[Task]:
     if isinstance(task_ids, QuerySet):
         return task_ids
-    if isinstance(task_ids, (str, uuid.UUID)):
-        task_ids = [task_ids]
-    return Task.objects.filter(pk__in=[uuid.UUID(str(t)) for t in task_ids])
+    return Task.objects.filter(pk__in=_ids(task_ids))
 
 
 def cancel(task_ids: Any) -> Changed:
@@ -73,22 +76,55 @@ def _budget(task_path: str) -> int:
     return getattr(task, "max_attempts", None) or backend.config.max_attempts
 
 
-def retry(task_ids: Any) -> Changed:
+def _reopen(qs: QuerySet[Task], now: Any) -> int:
+    """FAILED/CANCELLED rows of ox_task in `qs` back to READY, a fresh budget per task path."""
+    reopened = 0
+    for path in qs.values_list("task_path", flat=True).distinct().order_by():
+        reopened += qs.filter(task_path=path).update(
+            status=Status.READY,
+            run_after=now,
+            finished_at=None,
+            cancel_requested=False,
+            lease_expires_at=None,
+            max_attempts=F("attempts") + _budget(path),
+            return_value=None,
+        )
+    return reopened
+
+
+def _retry_sets(task_ids: Any, archived: QuerySet[ArchivedTask] | None) -> tuple[QuerySet[Task] | None, Any]:
+    """(ox_task rows, archive rows) that `retry` is asked for. Ids name either table; a
+    queryset names its own table, and for a Task queryset `archived` says which archived ones
+    go too (the dashboard's "retry all matching" applies its filter to both)."""
+    if isinstance(task_ids, QuerySet) and task_ids.model is ArchivedTask:
+        return None, task_ids
+    if isinstance(task_ids, QuerySet):
+        return task_ids, archived
+    ids = _ids(task_ids)
+    return Task.objects.filter(pk__in=ids), ArchivedTask.objects.filter(pk__in=ids)
+
+
+def retry(task_ids: Any, archived: QuerySet[ArchivedTask] | None = None) -> Changed:
     """FAILED or CANCELLED tasks go back to READY now, with a fresh attempt budget. Their
-    attempts keep counting (and their Attempt rows stay), so history reads in order."""
-    qs = _as_queryset(task_ids).filter(status__in=RETRYABLE)
-    retried = 0
-    db = qs.db or router.db_for_write(Task)
+    attempts keep counting (and their Attempt rows stay), so history reads in order. Tasks in
+    the archive (ox.archive) are moved back into ox_task first, in the same transaction.
+
+    Each task is retried once even while the archiver moves it: ox_task is updated first, and
+    a row the archiver holds makes that UPDATE wait, then find the row gone; the archive is
+    read in a later statement, whose snapshot (READ COMMITTED) has the archiver's commit, so
+    the row is moved back from there. A row this UPDATE reached first is locked until commit:
+    the archiver skips it."""
+    hot, archive = _retry_sets(task_ids, archived)
+    db = (hot if hot is not None else archive).db or router.db_for_write(Task)
     now = clock.db_now(connections[db])
+    retried = 0
     with transaction.atomic(using=db):
-        for path in qs.values_list("task_path", flat=True).distinct().order_by():
-            retried += qs.filter(task_path=path).update(
-                status=Status.READY,
-                run_after=now,
-                finished_at=None,
-                cancel_requested=False,
-                lease_expires_at=None,
-                max_attempts=F("attempts") + _budget(path),
-                return_value=None,
-            )
+        if hot is not None:
+            retried += _reopen(hot.filter(status__in=RETRYABLE), now)
+        if archive is not None:
+            ids = list(archive.filter(status__in=RETRYABLE).values_list("pk", flat=True).order_by())
+            moved = move_back(connections[db], ids) if ids else []
+            for start in range(0, len(moved), ID_CHUNK):
+                chunk = moved[start : start + ID_CHUNK]
+                retried += _reopen(Task.objects.using(db).filter(pk__in=chunk, status__in=RETRYABLE), now)
     return Changed(retried=retried)

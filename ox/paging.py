@@ -11,6 +11,7 @@ from functools import cached_property
 from typing import Any
 
 from django.core.paginator import Page, Paginator
+from django.db import connections
 from django.db.models import QuerySet
 
 COUNT_CAP = 10_000
@@ -30,6 +31,8 @@ class CappedPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
+        if isinstance(self.object_list, NewestFirst):
+            return self.object_list.capped_count(self.cap)
         # Unordered: the planner may then count from whichever index fits the filter.
         return self.object_list.order_by()[: self.cap + 1].count()
 
@@ -48,3 +51,44 @@ class CappedPaginator(Paginator):
         rows = self.object_list
         # Same filter and order inside and out: the outer query sorts just this page's rows.
         return self._get_page(rows.filter(pk__in=rows.values("pk")[bottom:top]), number, self)
+
+
+class NewestFirst:
+    """Querysets of tables with the same columns and a time-ordered primary key `id` (ox_task
+    and ox_task_archive, filtered alike) as one list, newest first, that CappedPaginator pages.
+    Rows come back as instances of the first part's model.
+
+    Each read is one UNION ALL of the parts, so it sees one snapshot (a row moving between the
+    tables is in exactly one of them). On PostgreSQL each part is its own `ORDER BY id DESC
+    LIMIT n` (n: the end of the page, or the count's cap), the very query the list ran over one
+    table, so each part reads the index it read before and stops; the union then merges at
+    most n rows of each. Pages past the first are read as CappedPaginator reads them: the
+    page's ids first (an OFFSET over ids, from indexes), then those rows by primary key. SQLite
+    allows no LIMIT inside a UNION: there the parts are merged whole (development sizes)."""
+
+    def __init__(self, *parts: QuerySet) -> None:
+        self.parts = [part.order_by() for part in parts]
+
+    def _union(self, parts: list[QuerySet], top: int | None = None, newest: bool = True) -> QuerySet:
+        if top is not None and connections[parts[0].db].features.supports_slicing_ordering_in_compound:
+            parts = [(part.order_by("-pk") if newest else part)[:top] for part in parts]
+        first, *rest = parts
+        return first.union(*rest, all=True)
+
+    def _ids(self) -> list[QuerySet]:
+        return [part.values_list("pk", flat=True) for part in self.parts]
+
+    def capped_count(self, cap: int) -> int:
+        # Unordered, as CappedPaginator counts: each part from whichever index fits its filter.
+        return self._union(self._ids(), cap + 1, newest=False)[: cap + 1].count()
+
+    def __getitem__(self, window: slice) -> list[Any]:
+        if window.stop is not None and window.stop <= (window.start or 0):
+            return []  # an empty page (nothing matches): a LIMIT 0 part would be an EmptyQuerySet
+        if not window.start:
+            return list(self._union(self.parts, window.stop).order_by("-id")[window])
+        ids = list(self._union(self._ids(), window.stop).order_by("-id")[window])
+        if not ids:
+            return []
+        found = {row.pk: row for row in self._union([part.filter(pk__in=ids) for part in self.parts])}
+        return [found[pk] for pk in ids if pk in found]

@@ -1,5 +1,7 @@
 """Retention: delete finished tasks (and their attempt rows) older than a per-status age, in
-batches of one short transaction each, so pruning never holds many row locks for long.
+batches of one short transaction each, so pruning never holds many row locks for long. Both
+tables are pruned: the archive (ox.archive), where old rows are, and ox_task, which holds
+finished rows for ARCHIVE_AFTER (or for good, with archiving off).
 
 One pruner at a time: each batch takes a PostgreSQL advisory transaction lock (workers try
 it and skip the round if another pruner holds it; the command waits for it). On SQLite the
@@ -15,18 +17,20 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox import sql
+from ox.archive import FINISHED_TERM
 from ox.txn import atomic_on
 
 logger = logging.getLogger("ox.prune")
 
 PRUNER_KEY = -1  # second key of the pruner's advisory lock (workers' keys are positive)
 DUTY_BUDGET = 1.0  # seconds a worker spends pruning per round: its loop waits meanwhile
+TABLES = ("ox_task_archive", "ox_task")  # the archive first: that is where old rows are
 
 
 @dataclass
 class Pruned:
     deleted: dict[str, int] = field(default_factory=dict)  # status -> tasks deleted (or due, dry run)
-    batches: int = 0
+    batches: int = 0  # batches that deleted rows
     done: bool = True  # False: stopped by the time budget or a busy lock, rows may remain
     busy: bool = False  # another pruner held the lock
 
@@ -35,18 +39,32 @@ class Pruned:
         return sum(self.deleted.values())
 
 
+def _finished(table: str) -> str:
+    """ox_task's rows are found through its partial (status, finished_at) index, whose predicate
+    a parameter for the status does not imply: spelled out (ox.archive.FINISHED_TERM)."""
+    return f"{FINISHED_TERM} AND " if table == "ox_task" else ""
+
+
 def count_due(conn: BaseDatabaseWrapper, status: str, cutoff: datetime) -> int:
+    """Tasks of `status` finished before `cutoff`, in both tables."""
+    total = 0
     with conn.cursor() as cursor:
-        cursor.execute(
-            "SELECT COUNT(*) FROM ox_task WHERE status = %s AND finished_at < %s",
-            [status, conn.ops.adapt_datetimefield_value(cutoff)],
-        )
-        return cursor.fetchone()[0]
+        for table in TABLES:
+            cursor.execute(
+                f"SELECT COUNT(*) FROM {table} WHERE {_finished(table)}status = %s AND finished_at < %s",
+                [status, conn.ops.adapt_datetimefield_value(cutoff)],
+            )
+            total += cursor.fetchone()[0]
+    return total
 
 
-def prune_batch(conn: BaseDatabaseWrapper, status: str, cutoff: datetime, limit: int, wait: bool) -> int | None:
-    """Delete up to `limit` tasks of one status finished before `cutoff`, oldest first, with
-    their attempts. None: another pruner holds the lock (only when not waiting)."""
+def prune_batch(
+    conn: BaseDatabaseWrapper, status: str, cutoff: datetime, limit: int, wait: bool, table: str = "ox_task"
+) -> int | None:
+    """Delete up to `limit` tasks of one status finished before `cutoff` from `table` (one of
+    TABLES), oldest first, with their attempts. None: another pruner holds the lock (only when
+    not waiting)."""
+    assert table in TABLES, table  # a name put into the SQL: never from input
     postgres = sql.is_postgres(conn)
     with atomic_on(conn) as cursor:
         if postgres:
@@ -57,8 +75,8 @@ def prune_batch(conn: BaseDatabaseWrapper, status: str, cutoff: datetime, limit:
                 if not cursor.fetchone()[0]:
                     return None
         cursor.execute(
-            "SELECT id FROM ox_task WHERE status = %s AND finished_at < %s ORDER BY finished_at LIMIT %s"
-            + (" FOR UPDATE SKIP LOCKED" if postgres else ""),
+            f"SELECT id FROM {table} WHERE {_finished(table)}status = %s AND finished_at < %s ORDER BY finished_at"
+            " LIMIT %s" + (" FOR UPDATE SKIP LOCKED" if postgres else ""),
             [status, conn.ops.adapt_datetimefield_value(cutoff), limit],
         )
         ids = [r[0] for r in cursor.fetchall()]
@@ -68,8 +86,9 @@ def prune_batch(conn: BaseDatabaseWrapper, status: str, cutoff: datetime, limit:
             match, params = "= ANY(%s)", [ids]
         else:
             match, params = f"IN ({', '.join(['%s'] * len(ids))})", ids
+        # Explicitly: ox_attempt has no foreign key constraint (an archived task's attempts stay).
         cursor.execute(f"DELETE FROM ox_attempt WHERE task_id {match}", params)
-        cursor.execute(f"DELETE FROM ox_task WHERE id {match}", params)
+        cursor.execute(f"DELETE FROM {table} WHERE id {match}", params)
         return cursor.rowcount
 
 
@@ -91,18 +110,20 @@ def prune(
             result.deleted[status] = count_due(conn, status, cutoff)
             continue
         result.deleted[status] = 0
-        while True:
-            if budget is not None and time.monotonic() - started > budget:
-                result.done = False
-                return result
-            deleted = prune_batch(conn, status, cutoff, batch_size, wait)
-            if deleted is None:
-                result.done, result.busy = False, True
-                return result
-            result.batches += 1
-            result.deleted[status] += deleted
-            if deleted < batch_size:
-                break
+        for table in TABLES:
+            while True:
+                if budget is not None and time.monotonic() - started > budget:
+                    result.done = False
+                    return result
+                deleted = prune_batch(conn, status, cutoff, batch_size, wait, table)
+                if deleted is None:
+                    result.done, result.busy = False, True
+                    return result
+                if deleted:
+                    result.batches += 1
+                result.deleted[status] += deleted
+                if deleted < batch_size:
+                    break
     return result
 
 

@@ -11,7 +11,7 @@ from django.utils.module_loading import import_string
 
 from ox.exceptions import TaskCancelled, class_path
 from ox.models import Attempt, Outcome, Status
-from ox.models import Task as TaskRow
+from ox.models import TaskBase as TaskRow  # a row of ox_task or of the archive
 
 STATUS_FOR_DJANGO = {
     Status.READY: TaskResultStatus.READY,

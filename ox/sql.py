@@ -784,14 +784,22 @@ def hold_worker_lock(conn: BaseDatabaseWrapper, lock_key: int) -> None:
             cursor.execute("SELECT pg_advisory_lock(%s, %s)", [LOCK_NAMESPACE, lock_key])
 
 
-def heartbeat(conn: BaseDatabaseWrapper, worker_id: str, now: datetime) -> None:
+def heartbeat(conn: BaseDatabaseWrapper, worker_id: str, now: datetime, clear_idle: bool = False) -> None:
     with conn.cursor() as cursor:
         # stopped_at and lock_lost_at cleared: a rescuer may have seen this worker's lock
-        # free while its connection was down; it is back.
+        # free while its connection was down; it is back. idle_since: see ox.idle.
         cursor.execute(
-            "UPDATE ox_worker SET heartbeat_at = %s, stopped_at = NULL, lock_lost_at = NULL WHERE id = %s",
+            "UPDATE ox_worker SET heartbeat_at = %s, stopped_at = NULL, lock_lost_at = NULL"
+            + (", idle_since = NULL" if clear_idle else "")
+            + " WHERE id = %s",
             [_ts(conn, now), worker_id],
         )
+
+
+def mark_idle(conn: BaseDatabaseWrapper, worker_id: str, now: datetime) -> None:
+    """The worker waits with free slots: enqueues of its queues notify again (ox.idle)."""
+    with conn.cursor() as cursor:
+        cursor.execute("UPDATE ox_worker SET idle_since = %s WHERE id = %s", [_ts(conn, now), worker_id])
 
 
 @dataclass(slots=True)

@@ -8,18 +8,19 @@ however long they grow.
 """
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import TruncMinute
 from django.tasks import task_backends
 
-from ox import clock
+from ox import archive, clock
 from ox.backend import OxBackend
 from ox.health import backlog, running_counts
-from ox.models import FINISHED, Attempt, Status, Task, Worker
+from ox.models import FINISHED, ArchivedTask, Attempt, Status, Task, TaskBase, Worker
 from ox.results import attempts_to_load
 
 WINDOW = timedelta(hours=1)  # throughput, failure rate and the per-minute chart
@@ -119,9 +120,23 @@ def overview(now: datetime | None = None, using: str | None = None) -> Overview:
         s.ready_capped, s.scheduled_capped = b.ready_capped, b.scheduled_capped
     for queue, n in running_counts(using).items():
         stats(queue).running = n
-    failed = tasks.filter(status=Status.FAILED, finished_at__gte=now - FAILED_WINDOW)
-    for row in failed.values("queue").annotate(n=Count("pk")).order_by():
-        stats(row["queue"]).failed_24h = row["n"]
+    # Finished tasks are in ox_task for ARCHIVE_AFTER, then in the archive: windows of history
+    # read both in one statement (UNION ALL), each table through its (status, finished_at) index.
+    archived = ArchivedTask.objects.using(using)
+
+    def both(build: Callable[[QuerySet[Any]], QuerySet[Any]]) -> QuerySet[Any]:
+        return build(tasks).union(build(archived), all=True)
+
+    failed = both(
+        lambda t: (
+            t.filter(status=Status.FAILED, finished_at__gte=now - FAILED_WINDOW)
+            .values("queue")
+            .annotate(n=Count("pk"))
+            .order_by()
+        )
+    )
+    for row in failed:
+        stats(row["queue"]).failed_24h += row["n"]
 
     # One grouped read serves both the per-queue hour and the chart: at most
     # queues x 2 statuses x 60 minutes rows come back.
@@ -129,12 +144,14 @@ def overview(now: datetime | None = None, using: str | None = None) -> Overview:
     minutes = [start + timedelta(minutes=i) for i in range(int(WINDOW.total_seconds() // 60))]
     index = {m: i for i, m in enumerate(minutes)}
     succeeded, failed_pm = [0] * len(minutes), [0] * len(minutes)
-    recent = (
-        tasks.filter(status__in=(Status.SUCCESSFUL, Status.FAILED), finished_at__gte=start)
-        .annotate(minute=TruncMinute("finished_at"))
-        .values("queue", "status", "minute")
-        .annotate(n=Count("pk"))
-        .order_by()
+    recent = both(
+        lambda t: (
+            t.filter(status__in=(Status.SUCCESSFUL, Status.FAILED), finished_at__gte=start)
+            .annotate(minute=TruncMinute("finished_at"))
+            .values("queue", "status", "minute")
+            .annotate(n=Count("pk"))
+            .order_by()
+        )
     )
     for row in recent:
         s = stats(row["queue"])
@@ -222,20 +239,21 @@ def workers(
     return states
 
 
-def find_task(pk: str | uuid.UUID, using: str | None = None) -> Task | None:
+def find_task(pk: str | uuid.UUID, using: str | None = None) -> TaskBase | None:
+    """The task from ox_task or, once archived, from ox_task_archive (ox.archive.find_row)."""
     try:
         pk = uuid.UUID(str(pk))
     except ValueError:
         return None
-    return Task.objects.using(using).filter(pk=pk).first()
+    return archive.find_row(pk, using)
 
 
-def attempts_of(task: Task) -> list[Attempt]:
+def attempts_of(task: TaskBase) -> list[Attempt]:
     """The attempts that did not succeed, in order. The final successful or current attempt
     has no row: its facts live on the task (worker_id, last_attempted_at, finished_at)."""
     if not attempts_to_load(task):
         return []
-    return list(task.failed_attempts.order_by("number", "id"))
+    return archive.attempts_of(task)
 
 
 # How far an id's embedded timestamp may sit from enqueued_at (both are taken at enqueue, a few

@@ -30,6 +30,7 @@ from ox.enqueue import database_for
 from ox.exceptions import TaskCancelled, TaskTimeout
 from ox.execution import Finished
 from ox.executor import SKIPPED, AsyncExecutor, Key, SyncExecutor
+from ox.idle import IdleMark
 from ox.leases import Leases
 from ox.listener import Listener
 from ox.logs import event, task_fields
@@ -98,6 +99,7 @@ class Worker:
         self.listener: Listener | None = None
         self.leases = Leases(self)
         self.claims = Claims(self)
+        self.idle = IdleMark(self)
         self.notified = threading.Event()  # a wake-up from the listener is already queued
         self.start_seen = threading.Event()  # a _STARTED is already queued
 
@@ -228,7 +230,7 @@ class Worker:
         except (DatabaseError, AttributeError) as exc:
             event(logger, logging.ERROR, f"worker could not record its stop: {exc}", worker=self.id)
         left = [h.claimed for h in self.held.values()]
-        for part in (self.sync, self.aio, self.listener):
+        for part in (self.sync, self.aio, self.listener, *(duty for duty, _next in self.duties)):
             if part is not None:
                 part.stop()
         self.completer.signals.stop(timeout=5.0)
@@ -314,6 +316,8 @@ class Worker:
                 self.notified.clear()
                 self.more_waiting = True
                 self.next_async_probe = 0.0  # what was enqueued may be async
+                if min(self.claims.limits(probe=False)) == 0:
+                    self.idle.notified_while_full = True  # claim again as soon as a slot frees
             elif item is _STARTED:
                 self.start_seen.clear()
                 self.next_heartbeat = min(self.next_heartbeat, time.monotonic() + START_MARK_DELAY)
@@ -335,6 +339,7 @@ class Worker:
             self.prefetch_hold = False  # a slot is free: claim for it (and prefetch) again
         if self.gave_back:
             self.gave_back, self.more_waiting = False, True
+        self.idle.slot_freed()
         self.completer.add(finished)
         if len(self.completer.successes) >= self.options.completion_batch:
             self._guard(lambda: self.completer.flush(self.conn))

@@ -60,6 +60,9 @@ class SoakConfig:
     producers: int = 1
     prune_successful: float = 5.0  # OPTIONS PRUNE {"SUCCESSFUL": seconds}
     prune_interval: float = 1.0  # OPTIONS PRUNE_INTERVAL
+    # OPTIONS ARCHIVE_AFTER, seconds; None: ox's default (5 minutes: with SUCCESSFUL pruned after
+    # 5 s nothing reaches the archive). Shorter than prune_successful: rows go through both.
+    archive_after: float | None = None
     warmup_windows: int = 1  # windows before the table can be in its steady state; not compared
     drain_timeout: float = 120.0  # after the producers stop, everything must finish within this
     # Diagnostic, off by default: a plain VACUUM of ox_task after each window's sample, standing
@@ -80,7 +83,13 @@ class SoakConfig:
         return max(5.0, self.minutes * 60 / 30)
 
     def ox_options(self) -> dict[str, object]:
-        return {"PRUNE": {"SUCCESSFUL": self.prune_successful}, "PRUNE_INTERVAL": self.prune_interval}
+        options: dict[str, object] = {
+            "PRUNE": {"SUCCESSFUL": self.prune_successful},
+            "PRUNE_INTERVAL": self.prune_interval,
+        }
+        if self.archive_after is not None:
+            options["ARCHIVE_AFTER"] = self.archive_after
+        return options
 
 
 @dataclass
@@ -95,6 +104,7 @@ class Window:
     table_bytes: int  # heap (PostgreSQL) / ox_task's b-tree pages (SQLite)
     index_bytes: int  # every index of ox_task
     ready_index_bytes: int | None  # ox_task_ready_claim
+    archive_bytes: int | None  # ox_task_archive with its indexes (None: no such table)
     file_bytes: int | None  # SQLite: page_count * page_size
     wal_bytes: int | None  # SQLite: the -wal file
     vacuums: int | None  # PostgreSQL: autovacuum_count + vacuum_count so far
@@ -153,11 +163,21 @@ def table_stats() -> dict[str, int | None]:
         if connection.vendor == "postgresql":
             cursor.execute(
                 """SELECT s.n_dead_tup, s.autovacuum_count + s.vacuum_count, pg_relation_size(s.relid),
-                          pg_indexes_size(s.relid), pg_relation_size(to_regclass('ox_task_ready_claim'))
+                          pg_indexes_size(s.relid), pg_relation_size(to_regclass('ox_task_ready_claim')),
+                          pg_total_relation_size(to_regclass('ox_task_archive'))
                    FROM pg_stat_user_tables s WHERE s.relid = to_regclass('ox_task')"""
             )
-            dead, vacuums, table, indexes, ready = cursor.fetchone()
-            return dict(dead=dead, vacuums=vacuums, table=table, indexes=indexes, ready=ready, file=None, wal=None)
+            dead, vacuums, table, indexes, ready, archive = cursor.fetchone()
+            return dict(
+                dead=dead,
+                vacuums=vacuums,
+                table=table,
+                indexes=indexes,
+                ready=ready,
+                archive=archive,
+                file=None,
+                wal=None,
+            )
         cursor.execute("PRAGMA page_count")
         pages = cursor.fetchone()[0]
         cursor.execute("PRAGMA page_size")
@@ -172,8 +192,13 @@ def table_stats() -> dict[str, int | None]:
                 "(SELECT name FROM sqlite_schema WHERE tbl_name = 'ox_task') GROUP BY name"
             )
             sizes = {name: int(size) for name, size in cursor.fetchall()}
+            cursor.execute(
+                "SELECT SUM(pgsize) FROM dbstat WHERE name IN "
+                "(SELECT name FROM sqlite_schema WHERE tbl_name = 'ox_task_archive')"
+            )
+            archive = cursor.fetchone()[0]
         except Exception:  # noqa: BLE001  (no dbstat: report what PRAGMAs give)
-            sizes = {}
+            sizes, archive = {}, None
     wal = Path(str(connection.settings_dict["NAME"]) + "-wal")
     return dict(
         dead=freelist,
@@ -181,6 +206,7 @@ def table_stats() -> dict[str, int | None]:
         table=sizes.get("ox_task", 0),
         indexes=sum(v for k, v in sizes.items() if k != "ox_task"),
         ready=sizes.get("ox_task_ready_claim"),
+        archive=None if archive is None else int(archive),
         file=pages * page_size,
         wal=wal.stat().st_size if wal.exists() else 0,
     )
@@ -404,6 +430,7 @@ def run_soak(
                 table_bytes=stats["table"] or 0,
                 index_bytes=stats["indexes"] or 0,
                 ready_index_bytes=stats["ready"],
+                archive_bytes=stats["archive"],
                 file_bytes=stats["file"],
                 wal_bytes=stats["wal"],
                 vacuums=stats["vacuums"],
@@ -431,11 +458,15 @@ def run_soak(
         result.worker_exit_codes = [w.terminate(timeout=60) for w in workers]
         from django.db.models import Count
 
-        from ox.models import Attempt, Task
+        from ox.models import ArchivedTask, Attempt, Task
 
-        result.statuses = dict(Task.objects.values_list("status").annotate(n=Count("id")))
+        # Rows finished more than ARCHIVE_AFTER ago are in the archive: count both tables.
+        result.statuses = {}
+        for table in (Task, ArchivedTask):
+            for status, n in table.objects.values_list("status").annotate(n=Count("id")):
+                result.statuses[status] = result.statuses.get(status, 0) + n
         result.attempt_rows = Attempt.objects.count()
-        result.retried = Task.objects.filter(attempts__gt=1).count()
+        result.retried = sum(table.objects.filter(attempts__gt=1).count() for table in (Task, ArchivedTask))
         result.pruned_logged = sum(pruned_in(w.text()) for w in workers)
         out(summary(result))
         return result
@@ -456,7 +487,7 @@ def header(db_vendor: str) -> str:
     extra = f"{'vacuums':>7}" if db_vendor == "postgresql" else f"{'file_MiB':>8} {'wal_MiB':>7}"
     return (
         f"{'win':>3} {'t_s':>6} {'enqueued':>8} {'drained':>8} {'rate/s':>7} {'pending':>7} {dead:>10} "
-        f"{'table_MiB':>9} {'index_MiB':>9} {'ready_KiB':>9} {extra} {'rss_MiB':>7} {'cpu_ms/task':>11}"
+        f"{'table_MiB':>9} {'index_MiB':>9} {'ready_KiB':>9} {'arch_MiB':>8} {extra} {'rss_MiB':>7} {'cpu_ms/task':>11}"
     )
 
 
@@ -473,7 +504,7 @@ def format_row(w: Window) -> str:
     return (
         f"{w.index:>3} {w.seconds:>6.0f} {w.enqueued:>8} {w.drained:>8} {w.rate:>7.0f} {w.pending:>7} "
         f"{'-' if w.dead is None else w.dead:>10} {mib(w.table_bytes):>9} {mib(w.index_bytes):>9} {ready:>9} "
-        f"{extra} {w.rss_kib / 1024:>7.1f} {cpu:>11}"
+        f"{mib(w.archive_bytes):>8} {extra} {w.rss_kib / 1024:>7.1f} {cpu:>11}"
     )
 
 
@@ -506,11 +537,23 @@ def thirds(values: list[float]) -> tuple[list[float], list[float]]:
 # (a table of a few hundred pages moves by a few dozen pages as the prune sawtooth and the
 # sampling moment line up differently; that is not growth).
 BOUND_RATIO = 1.2
-BOUND_FLOOR = {"dead": 20_000, "table_bytes": 2 * MIB, "index_bytes": 2 * MIB, "ready_index_bytes": 2 * MIB}
+BOUND_FLOOR = {
+    "dead": 20_000,
+    "table_bytes": 2 * MIB,
+    "index_bytes": 2 * MIB,
+    "ready_index_bytes": 2 * MIB,
+    "archive_bytes": 2 * MIB,
+}
 BOUND_FLOOR_SQLITE = {"dead": 512, "file_bytes": 2 * MIB}  # freelist pages; the whole file
 # Absolute sanity caps, far above the steady state (a few thousand live rows, a few MiB): a run
 # that passes the relative check while already huge still fails here.
-CAP = {"dead": 2_000_000, "table_bytes": 512 * MIB, "index_bytes": 256 * MIB, "ready_index_bytes": 64 * MIB}
+CAP = {
+    "dead": 2_000_000,
+    "table_bytes": 512 * MIB,
+    "index_bytes": 256 * MIB,
+    "ready_index_bytes": 64 * MIB,
+    "archive_bytes": 1024 * MIB,
+}
 CAP_SQLITE = {"dead": 100_000, "file_bytes": 512 * MIB}
 THROUGHPUT_TOLERANCE = 0.2
 RSS_MARGIN_KIB = 8 * 1024  # a fixed allowance: the allocator's arenas settle over the first minutes
@@ -522,7 +565,8 @@ def bounded_metrics(vendor_name: str) -> dict[str, tuple[int, int]]:
         return {m: (BOUND_FLOOR[m], CAP[m]) for m in BOUND_FLOOR}
     floors = {**BOUND_FLOOR, **BOUND_FLOOR_SQLITE}
     caps = {**CAP, **CAP_SQLITE}
-    return {m: (floors[m], caps[m]) for m in ("dead", "file_bytes", "table_bytes", "index_bytes", "ready_index_bytes")}
+    names = ("dead", "file_bytes", "table_bytes", "index_bytes", "ready_index_bytes", "archive_bytes")
+    return {m: (floors[m], caps[m]) for m in names}
 
 
 def checks(r: SoakResult) -> list[Check]:
@@ -707,6 +751,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--producers", type=int, default=1)
     parser.add_argument("--prune-successful", type=float, default=5.0, help="OPTIONS PRUNE SUCCESSFUL, seconds")
     parser.add_argument("--prune-interval", type=float, default=1.0, help="OPTIONS PRUNE_INTERVAL, seconds")
+    parser.add_argument("--archive-after", type=float, default=None, help="OPTIONS ARCHIVE_AFTER, seconds")
     parser.add_argument(
         "--vacuum", action="store_true", help="PostgreSQL: VACUUM ox_task after each window (diagnostic)"
     )
@@ -727,6 +772,7 @@ def main(argv: list[str]) -> int:
         producers=a.producers,
         prune_successful=a.prune_successful,
         prune_interval=a.prune_interval,
+        archive_after=a.archive_after,
         vacuum_each_window=a.vacuum,
         debug=a.debug,
     )

@@ -104,11 +104,13 @@ def test_workers_with_skewed_clocks_neither_claim_early_nor_rescue_live_tasks(st
     except AssertionError:
         states = list(Task.objects.filter(pk__in=ids).values_list("status", "attempts", "worker_id", "run_after"))
         import signal
+
         for w in workers:
             w.signal(signal.SIGABRT)
         time.sleep(1)
         logs = "\n".join(w.output()[-6000:] for w in workers)
         from ox import sql
+
         now = clock.db_now(connection)
         logs += f"\nearliest {sql.earliest_ready(connection, ['default'])} now {now}"
         logs += f"\nworkers {list(Worker.objects.values_list('id', 'heartbeat_at', 'stopped_at'))}"

@@ -388,6 +388,8 @@ def test_only_the_modules_the_layout_names_run_raw_sql():
         "listener.py",
         "clock.py",
         "health.py",
+        "vacuum.py",
+        "archive.py",
     }
     assert set(runs_sql) == said
     assert "each runs its own SQL" in layout and "in SQL" in layout and "its own session" in layout

@@ -1,4 +1,3 @@
-
 """The mechanisms the benchmarks rely on, checked for behaviour (speed is measured in bench/)."""
 
 import signal
@@ -75,6 +74,12 @@ def test_notify_trigger_fires_once_per_insert_statement_and_only_on_commit():
     listener = psycopg.connect(
         host=s["HOST"] or "127.0.0.1", port=s["PORT"] or 5432, user=s["USER"], dbname=s["NAME"], autocommit=True
     )
+    # A worker of each queue waits (migration 0012: otherwise nothing needs a notification).
+    now = timezone.now()
+    for queue in ("default", "other"):
+        Worker.objects.create(
+            id=f"waiting-{queue}", host="h", pid=1, queues=[queue], started_at=now, heartbeat_at=now, idle_since=now
+        )
     try:
         listener.execute(f"LISTEN {CHANNEL}")
         from django.db import transaction
@@ -119,6 +124,8 @@ def test_a_listener_wakes_its_worker_only_for_its_own_queues():
     woken = threading.Event()
     listener = Listener(connection.alias, woken.set, ["emails", "reports"])
     listener.start()
+    with connection.cursor() as cursor:  # every enqueue notifies, whoever waits: the filter is the listener's
+        cursor.execute("SET ox.notify = always")
     try:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:  # LISTEN is in place once a probe wakes it
@@ -135,6 +142,8 @@ def test_a_listener_wakes_its_worker_only_for_its_own_queues():
         tasks.echo.using(queue_name="reports").enqueue("mine")
         assert woken.wait(5.0), "not woken by its own queue's enqueue"
     finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET ox.notify")
         listener.stop()
         listener.thread.join(timeout=5)
 

@@ -203,3 +203,13 @@ def test_task_finished_signal_sees_the_durable_outcome(start_worker):
     r = tasks.echo.enqueue({"x": [1]})
     drain(start_worker)
     assert json.loads(json.dumps(result(r).return_value)) == {"x": [1]}
+
+
+def test_a_backend_with_empty_queues_needs_queues_named(settings):
+    """Django reads QUEUES = [] as "any queue may be enqueued to": runworker cannot know which
+    to claim, and says so instead of starting a worker that claims nothing."""
+    from django.core.management import CommandError, call_command
+
+    settings.TASKS = {"default": {**settings.TASKS["default"], "QUEUES": []}}
+    with pytest.raises(CommandError, match="--queues"):
+        call_command("runworker", "--batch")

@@ -16,7 +16,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from dashboard.access import can_change_tasks, change_task_required, view_task_required
 from dashboard.filters import TaskFilter
 from ox import operations
-from ox.models import Task
+from ox.models import ArchivedTask, Task
 from ox.operations import RETRYABLE, Changed
 
 ACTIONS = {"retry": operations.retry, "cancel": operations.cancel}
@@ -48,7 +48,8 @@ def _report(request: HttpRequest, changed: Changed, asked: int) -> None:
 
 @change_task_required
 def act_on_task(request: HttpRequest, pk: uuid.UUID, action: str) -> HttpResponse:
-    changed = ACTIONS[action](Task.objects.filter(pk=pk))
+    # By id: retry finds the task in ox_task or in the archive.
+    changed = ACTIONS[action](pk)
     _report(request, changed, 1)
     return back(request, reverse("dashboard:task", args=[pk]))
 
@@ -63,7 +64,7 @@ def bulk(request: HttpRequest) -> HttpResponse:
     except ValueError:
         return HttpResponseBadRequest("ids must be task ids")
     if ids:
-        _report(request, ACTIONS[action](Task.objects.filter(pk__in=ids)), len(ids))
+        _report(request, ACTIONS[action](sorted(ids)), len(ids))
     else:
         messages.warning(request, "Select some tasks first.")
     return back(request, reverse("dashboard:tasks"))
@@ -93,12 +94,16 @@ def retry_matching(request: HttpRequest) -> HttpResponse:
         context = {"filter": filterset, "confirm": confirm, "count": 0}
         return render(request, "dashboard/retry_matching.html", context, status=400)
     matching = filterset.qs.filter(status__in=RETRYABLE)
+    # Failed and cancelled tasks older than ARCHIVE_AFTER are in the archive: the same filter there.
+    archived = filterset.for_archive(ArchivedTask.objects.all()).filter(status__in=RETRYABLE)
+    if not filterset.reads_archive:
+        archived = archived.none()
     if request.method == "POST":
-        return _retry_matching(request, matching, filterset, confirm.cleaned_data["expected"])
+        return _retry_matching(request, matching, archived, filterset, confirm.cleaned_data["expected"])
     context = {
         "filter": filterset,
         "confirm": confirm,
-        "count": matching.count(),
+        "count": matching.count() + archived.count(),
         # Only the filter's own fields: a crafted link's extra parameters (a csrfmiddlewaretoken,
         # an "expected") must not ride into the confirmation form.
         "fields": filterset.filter_fields(),
@@ -109,9 +114,13 @@ def retry_matching(request: HttpRequest) -> HttpResponse:
 
 @change_task_required
 def _retry_matching(
-    request: HttpRequest, matching: QuerySet[Task], filterset: TaskFilter, expected: int | None
+    request: HttpRequest,
+    matching: QuerySet[Task],
+    archived: QuerySet[ArchivedTask],
+    filterset: TaskFilter,
+    expected: int | None,
 ) -> HttpResponse:
-    changed = operations.retry(matching)
+    changed = operations.retry(matching, archived=archived)
     message = describe(changed, changed.retried)
     if expected is not None and expected != changed.retried:
         message += f" (the confirmation showed {expected}; tasks changed state in between)"

@@ -1,3 +1,4 @@
+from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.utils import timezone
 
@@ -6,9 +7,9 @@ from dashboard.filters import TaskFilter
 from dashboard.rendering import render_page
 from dashboard.timeline import attempt_rows, events
 from ox import stats
-from ox.models import FINISHED, Status, Task
+from ox.models import FINISHED, ArchivedTask, Status, Task
 from ox.operations import RETRYABLE
-from ox.paging import COUNT_CAP, CappedPaginator
+from ox.paging import COUNT_CAP, CappedPaginator, NewestFirst
 
 PAGE_SIZE = 50
 LIST_COLUMNS = (
@@ -28,8 +29,15 @@ LIST_COLUMNS = (
 @view_task_required
 def task_list(request: HttpRequest) -> HttpResponse:
     filterset = TaskFilter(request.GET or None, queryset=Task.objects.order_by("-id").only(*LIST_COLUMNS))
-    # An invalid filter shows its errors over an empty list: never everything, never a 500.
-    tasks = filterset.qs if not filterset.is_bound or filterset.is_valid() else Task.objects.none()
+    tasks: QuerySet[Task] | NewestFirst
+    if filterset.is_bound and not filterset.is_valid():
+        # An invalid filter shows its errors over an empty list: never everything, never a 500.
+        tasks = Task.objects.none()
+    elif filterset.reads_archive:
+        # Finished tasks older than ARCHIVE_AFTER are in the archive: both tables, merged by id.
+        tasks = NewestFirst(filterset.qs, filterset.for_archive(ArchivedTask.objects.only(*LIST_COLUMNS)))
+    else:
+        tasks = filterset.qs
     paginator = CappedPaginator(tasks, PAGE_SIZE, cap=COUNT_CAP)
     page = paginator.get_page(request.GET.get("page"))
     query = request.GET.copy()

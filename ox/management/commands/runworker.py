@@ -40,6 +40,13 @@ class Command(BaseCommand):
             supervisor = Supervisor(child_command(sys.argv), options["processes"], backend.config.shutdown_grace)
             sys.exit(supervisor.run())
         queues = [q.strip() for q in options["queues"].split(",") if q.strip()] or sorted(backend.queues)
+        if not queues:
+            # Django reads an empty QUEUES as "any queue may be enqueued to"; a worker claims
+            # per queue, so it must be told which ones, or it would wait forever for nothing.
+            raise CommandError(
+                f"The backend {backend.alias!r} has QUEUES = [] (any queue is accepted): name the queues"
+                " this worker takes with --queues a,b"
+            )
         try:
             worker = Worker(
                 backend,
