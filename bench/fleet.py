@@ -55,12 +55,16 @@ class Fleet:
         self.count_files.append(count_file)
         return proc
 
-    def start_all(self, processes: int, concurrency: int, boot_timeout: float = 60.0) -> None:
+    def start_all(
+        self, processes: int, concurrency: int, boot_timeout: float = 60.0, work_waiting: bool = False
+    ) -> None:
+        """work_waiting: tasks are already there, so the workers start on them at once and are
+        never quiet: wait for them to be ready (registered) only."""
         for c in self.shape(processes, concurrency):
             self.start(c)
         pids = [p.pid for p in self.procs]
         self.boot = procs.wait_idle(self.procs, boot_timeout, ready=lambda: bool(self.arm.ready(pids)))
-        if self.boot != "idle":
+        if self.boot != "idle" and not work_waiting:
             self.notes.append(f"workers never went quiet after boot (CPU busy at rest); started on: {self.boot}")
 
     def alive(self) -> list[procs.Proc]:

@@ -154,6 +154,25 @@ def scaling_cells(quick: bool) -> list[Cell]:
         )
         for k in ((1, 4) if quick else (1, 4, 16))
     ]
+    cells += [
+        Cell(
+            f"notify_p{k}_always",
+            "notify",
+            f"notify_p{k} with the producers' ox.notify = always (a NOTIFY at every enqueue commit, as before"
+            " migration 0012, whether or not a worker waits)",
+            NOTIFY_METRICS,
+            {
+                "producers": k,
+                "seconds": seconds,
+                "rounds": rounds,
+                "worker_env": IDLE_QUEUE_ENV,
+                "notify_mode": "always",
+            },
+            arms=("ox",),
+            series=("notify_always", "producers", k),
+        )
+        for k in ((4,) if quick else (1, 4, 16))
+    ]
     if not quick:
         cells.append(
             Cell(

@@ -164,7 +164,12 @@ def test_processes_and_notify_cells_plan():
                 "lock_wait_share",
                 "pg_cpu_per_task",
             }
-        assert len([n for n in plan if n.startswith("notify_") and "nolisten" not in n]) == len(producers)
+        plain = [n for n in plan if n.startswith("notify_") and "nolisten" not in n and "always" not in n]
+        assert len(plain) == len(producers)
+        always = (4,) if plan is quick else producers
+        for k in always:  # the same cell with every enqueue notifying (ox.notify = always)
+            cell = plan[f"notify_p{k}_always"]
+            assert cell.params["notify_mode"] == "always" and cell.series == ("notify_always", "producers", k)
         for k in producers:
             cell = plan[f"notify_p{k}"]
             assert cell.job == "notify" and cell.arms == ("ox",) and cell.params["producers"] == k
