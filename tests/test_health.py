@@ -152,3 +152,17 @@ def test_a_capped_backlog_is_over_the_threshold(monkeypatch):
     # The count goes as far as the threshold: a threshold over the cap is still compared exactly.
     h = check_health(Thresholds(max_backlog=3))
     assert (h.backlog, h.backlog_capped, h.problems) == (3, False, [])
+
+
+def test_the_text_report_marks_a_count_that_stopped_at_the_cap(monkeypatch):
+    monkeypatch.setattr("ox.health.COUNT_CAP", 2)
+    now = timezone.now()
+    for i in range(3):
+        tasks.echo.enqueue(i)
+        tasks.echo.using(run_after=now + timedelta(minutes=5)).enqueue(i)
+    # Counts go up to the cap or the threshold, whichever is higher: a threshold of 1 keeps the cap.
+    _code, out, _err = health("--max-backlog", "1")
+    assert "default: 2+ ready, 2+ scheduled, 0 running" in out
+    monkeypatch.setattr("ox.health.COUNT_CAP", 10)
+    _code, out, _err = health("--max-backlog", "1")
+    assert "default: 3 ready, 3 scheduled, 0 running" in out

@@ -50,8 +50,11 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(health.as_dict(), default=str, indent=2))
         else:
             for q in health.queues:
+                # A count that stopped at the cap (ox.paging.COUNT_CAP) says so: "10000+ ready".
+                ready = f"{q.ready}{'+' if q.ready_capped else ''}"
+                scheduled = f"{q.scheduled}{'+' if q.scheduled_capped else ''}"
                 self.stdout.write(
-                    f"{q.queue}: {q.ready} ready, {q.scheduled} scheduled, {q.running} running,"
+                    f"{q.queue}: {ready} ready, {scheduled} scheduled, {q.running} running,"
                     f" oldest ready {q.oldest_ready_age:.1f}s"
                 )
             self.stdout.write(f"workers: {health.workers.alive} alive, {health.workers.stale} stale")
