@@ -81,3 +81,19 @@ def start_worker(worker_env, tmp_path) -> Iterator[Callable[..., WorkerProcess]]
     yield start
     for worker in started:
         worker.stop()
+
+
+@pytest.fixture
+def listener():
+    """A LISTEN ox_task session of its own (PostgreSQL); call it for the payloads that arrive
+    within `timeout` seconds of the last one."""
+    from ox.connection import open_worker_connection
+
+    conn = open_worker_connection(connection.alias)
+    conn.connection.execute("LISTEN ox_task")
+
+    def received(timeout: float = 0.3) -> list[str]:
+        return [n.payload for n in conn.connection.notifies(timeout=timeout)]
+
+    yield received
+    conn.close()

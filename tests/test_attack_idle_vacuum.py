@@ -3,7 +3,6 @@
 Every test here runs on the real PostgreSQL server, most against real worker subprocesses.
 A test that fails names a broken promise; the passing ones are attacks that held up."""
 
-import json
 import signal
 import threading
 import time
@@ -20,6 +19,8 @@ from ox.models import Status, Task, Worker
 from ox.vacuum import Vacuumer, table_counts
 from tests import gated_tasks, tasks
 from tests.helpers import wait_until
+from tests.test_notify_idle import options
+from tests.test_vacuum import make_dead_rows
 from tests.testapp.models import Ledger
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -27,20 +28,7 @@ pg = pytest.mark.skipif(connection.vendor != "postgresql", reason="LISTEN/NOTIFY
 
 
 # ------------------------------------------------------------------ helpers
-@pytest.fixture
-def listener():
-    conn = open_worker_connection(connection.alias)
-    conn.connection.execute("LISTEN ox_task")
-
-    def received(timeout: float = 0.3) -> list[str]:
-        return [n.payload for n in conn.connection.notifies(timeout=timeout)]
-
-    yield received
-    conn.close()
-
-
-def options(**values: object) -> dict[str, str]:
-    return {"OX_TEST_OPTIONS": json.dumps({k.upper(): v for k, v in values.items()})}
+# listener: the LISTEN session fixture (tests/conftest.py); options: OX_TEST_OPTIONS for a worker.
 
 
 def row_of(worker) -> Worker | None:
@@ -327,18 +315,6 @@ def test_a_reconnected_worker_keeps_its_mark_and_wakes_at_once(start_worker):
 
 
 # ------------------------------------------------------------------ the vacuum duty
-def make_dead_rows(count: int = 12_000) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """INSERT INTO ox_task (id, task_path, queue, priority, status, args, kwargs, run_after,
-                   enqueued_at, is_async, attempts, max_attempts, worker_id, fence, cancel_requested)
-               SELECT gen_random_uuid(), 'tests.tasks.noop', 'vacuum-test', 0, 'SUCCESSFUL', '[]', '{}',
-                   now(), now(), false, 1, 1, '', 1, false
-               FROM generate_series(1, %s)""",
-            [count],
-        )
-        cursor.execute("DELETE FROM ox_task WHERE queue = 'vacuum-test'")
-        cursor.execute("SELECT pg_stat_force_next_flush()")
 
 
 @pytest.fixture

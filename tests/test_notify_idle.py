@@ -17,7 +17,6 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 import ox
-from ox.connection import open_worker_connection
 from ox.models import Status, Task, Worker
 from tests import gated_tasks, tasks
 from tests.helpers import wait_until
@@ -26,19 +25,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(connection.vendor != "postgresql", reason="LISTEN/NOTIFY is PostgreSQL's"),
 ]
-
-
-@pytest.fixture
-def listener():
-    conn = open_worker_connection(connection.alias)
-    conn.connection.execute("LISTEN ox_task")
-
-    def received(timeout: float = 0.3) -> list[str]:
-        """Payloads that arrive within `timeout` seconds of the last one."""
-        return [n.payload for n in conn.connection.notifies(timeout=timeout)]
-
-    yield received
-    conn.close()
 
 
 def worker_row(queues: list[str], idle: bool = True, stopped: bool = False) -> Worker:
