@@ -18,7 +18,7 @@ task list, stats and metrics; retry moves a row back (move_back); pruning delete
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -129,21 +129,35 @@ def archive(
     started = time.monotonic()
     cutoff = now - age
     for status in FINISHED:
-        result.moved[status] = 0
-        while True:
-            if budget is not None and time.monotonic() - started > budget:
-                result.done = False
-                return result
-            moved = archive_batch(conn, status, cutoff, batch_size, wait)
-            if moved is None:
-                result.done, result.busy = False, True
-                return result
-            if moved:
-                result.batches += 1
-                result.moved[status] += moved
-            if moved < batch_size:
-                break
+        moved, batches, stopped = in_batches(
+            lambda: archive_batch(conn, status, cutoff, batch_size, wait),  # noqa: B023  (called at once)
+            batch_size,
+            lambda: budget is not None and time.monotonic() - started > budget,
+        )
+        result.moved[status], result.batches = moved, result.batches + batches
+        if stopped:
+            result.done, result.busy = False, stopped == "busy"
+            return result
     return result
+
+
+def in_batches(
+    batch: Callable[[], int | None], batch_size: int, out_of_time: Callable[[], bool]
+) -> tuple[int, int, str | None]:
+    """Run `batch` (one short transaction; None: another holder of the lock) until it returns
+    fewer than `batch_size` rows or time runs out: (rows, batches that had rows, why it stopped
+    early: "budget", "busy" or None). The archiver's and the pruner's rounds both."""
+    rows = batches = 0
+    while True:
+        if out_of_time():
+            return rows, batches, "budget"
+        done = batch()
+        if done is None:
+            return rows, batches, "busy"
+        if done:
+            rows, batches = rows + done, batches + 1
+        if done < batch_size:
+            return rows, batches, None
 
 
 class Archiver:

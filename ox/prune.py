@@ -17,7 +17,7 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox import sql
-from ox.archive import FINISHED_TERM
+from ox.archive import FINISHED_TERM, in_batches
 from ox.txn import atomic_on
 
 logger = logging.getLogger("ox.prune")
@@ -111,19 +111,16 @@ def prune(
             continue
         result.deleted[status] = 0
         for table in TABLES:
-            while True:
-                if budget is not None and time.monotonic() - started > budget:
-                    result.done = False
-                    return result
-                deleted = prune_batch(conn, status, cutoff, batch_size, wait, table)
-                if deleted is None:
-                    result.done, result.busy = False, True
-                    return result
-                if deleted:
-                    result.batches += 1
-                result.deleted[status] += deleted
-                if deleted < batch_size:
-                    break
+            deleted, batches, stopped = in_batches(
+                lambda: prune_batch(conn, status, cutoff, batch_size, wait, table),  # noqa: B023  (called at once)
+                batch_size,
+                lambda: budget is not None and time.monotonic() - started > budget,
+            )
+            result.deleted[status] += deleted
+            result.batches += batches
+            if stopped:
+                result.done, result.busy = False, stopped == "busy"
+                return result
     return result
 
 
