@@ -1,5 +1,6 @@
 """The Task and Worker admin: actions go through ox.operations, need change_task, report counts."""
 
+import time
 import uuid
 from datetime import timedelta
 
@@ -31,6 +32,9 @@ def admin_client(client):
 
 def test_changelist_filters_and_search(admin_client):
     task = make_task(Status.FAILED, path="tests.tasks.always_fails", queue="emails")
+    # "Newest first" is id order, and ids minted in the same millisecond order at random (uuid7):
+    # the second task must come at least a millisecond later.
+    time.sleep(0.002)
     ready = make_task(Status.READY, queue="emails")
     old = make_task(Status.SUCCESSFUL, enqueued_at=timezone.now() - timedelta(days=3))
     # ids are minted at enqueue: give the old row an id from its own time, as enqueue does
