@@ -2,7 +2,7 @@
 
 from typing import Any
 
-__all__ = ["cancel", "enqueue_many", "retry"]
+__all__ = ["DuplicateTask", "Unique", "cancel", "enqueue_many", "is_duplicate", "retry"]
 
 
 def __getattr__(name: str) -> Any:
@@ -12,6 +12,10 @@ def __getattr__(name: str) -> Any:
         from ox import operations
 
         return getattr(operations, name)
+    if name in {"Unique", "DuplicateTask", "is_duplicate"}:
+        from ox.flow import unique
+
+        return getattr(unique, name)
     if name == "enqueue_many":
         from ox.enqueue import enqueue_many
 

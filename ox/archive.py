@@ -73,9 +73,15 @@ FINISHED_TERM = "status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')"
 
 
 def batch_sql(conn: BaseDatabaseWrapper) -> list[str]:
-    """The statements of one batch; parameters: status, cutoff, limit (each statement)."""
+    """The statements of one batch; parameters: status, cutoff, cutoff, limit (each
+    statement). A row that still holds its unique key (ox.flow.unique: a finished status its
+    unique_states keep, in a window not yet over) stays: the archive has no unique index, so
+    moving it would free the key."""
     cols = columns(conn)
-    due = f"{FINISHED_TERM} AND status = %s AND finished_at < %s"
+    due = (
+        f"{FINISHED_TERM} AND status = %s AND finished_at < %s"
+        " AND (unique_key IS NULL OR unique_states = 0 OR unique_until < %s)"
+    )
     if sql.is_postgres(conn):
         # The picked rows are locked by the subquery, so the DELETE removes exactly those, and a
         # row whose status changed since the statement's snapshot (a retry that committed) is
@@ -101,7 +107,8 @@ def archive_batch(conn: BaseDatabaseWrapper, status: str, cutoff: datetime, limi
     """Move up to `limit` tasks of one finished status that finished before `cutoff` to the
     archive, oldest first, in one transaction. None: another archiver holds the lock (only
     when not waiting)."""
-    params = [status, conn.ops.adapt_datetimefield_value(cutoff), limit]
+    at = conn.ops.adapt_datetimefield_value(cutoff)
+    params = [status, at, at, limit]
     with atomic_on(conn) as cursor:
         if sql.is_postgres(conn) and not _lock(cursor, wait):
             return None

@@ -6,7 +6,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from django.tasks.base import TaskError
@@ -14,6 +14,7 @@ from django.tasks.base import TaskError
 from ox import clock, sql
 from ox.completer import refused
 from ox.execution import Finished, Prepared, decide_retry, prepare, unrunnable
+from ox.flow import gate
 
 if TYPE_CHECKING:
     from ox.worker import Worker
@@ -66,13 +67,13 @@ class Claims:
         now = clock.db_now(w.conn)
         lease = now + timedelta(seconds=w.options.lease)
         w.last_claim_at = time.monotonic()
+        w.claim_rounds += 1
         # Finished tasks ride on the claim: one round trip, one commit for both.
         w.completer.flush_failures(w.conn)
         done = w.completer.take_successes()
+        w.flow.refresh(w.conn)
         try:
-            written, claimed = sql.complete_and_claim(
-                w.conn, done, w.id, w.settings.queues, (sync_limit, async_limit), now, lease
-            )
+            written, claimed, filled = self._claim_rows(done, (sync_limit, async_limit), now, lease)
         except Exception as exc:
             if not (done and refused(exc)):
                 raise
@@ -89,9 +90,7 @@ class Claims:
         w.async_seen = w.async_seen or got_async > 0
         if async_limit and not got_async:
             w.next_async_probe = time.monotonic() + w.poll_interval
-        w.more_waiting = (sync_limit > 0 and len(claimed) - got_async >= sync_limit) or (
-            async_limit > 0 and got_async >= async_limit
-        )
+        w.more_waiting = filled
         gave_back = True
         try:
             gave_back = self._start(claimed)
@@ -107,6 +106,51 @@ class Claims:
             self._schedule_poll()
             if not probe_only:
                 w.idle.after_claim()
+
+    def _claim_rows(
+        self, done: list[sql.Completion], limits: tuple[int, int], now: datetime, lease: datetime
+    ) -> tuple[set[tuple[uuid.UUID, int]], list[sql.Claimed], bool]:
+        """Limited queues through the gate (ox.flow.gate) first, with the completions (their
+        slots then count as free), for the free slots only (no prefetch: a prefetched task
+        would hold a limited slot without running); the unlimited queues with what is left,
+        in one statement with the completions if the gate did not take them. Returns the
+        completions written, the claimed, and whether every claim got all it asked for."""
+        w = self.w
+        flow = w.flow
+        written: set[tuple[uuid.UUID, int]] = set()
+        claimed: list[sql.Claimed] = []
+        filled = False
+        looked = flow.open_limited(now.timestamp())
+        if looked:
+            demand = tuple(
+                min(want, max(slots - self.busy(kind), 0))
+                for want, slots, kind in zip(
+                    limits, (w.settings.concurrency, w.settings.async_concurrency), (False, True), strict=True
+                )
+            )
+            written, gated = gate.claim_limited(
+                w.conn, w.id, {q: flow.limits[q] for q in looked}, demand, now, lease, done
+            )
+            done = []
+            flow.saw(looked, gated)
+            claimed = gated.claimed
+            got_async = sum(1 for c in claimed if c.is_async)
+            filled = max(demand) > 0 and (len(claimed) - got_async >= demand[0] and got_async >= demand[1])
+            limits = (max(limits[0] - (len(claimed) - got_async), 0), max(limits[1] - got_async, 0))
+        queues = flow.unlimited
+        if queues:
+            more_written, more = sql.complete_and_claim(w.conn, done, w.id, queues, limits, now, lease)
+            written |= more_written
+            claimed += more
+            got_async = sum(1 for c in more if c.is_async)
+            filled = (
+                filled
+                or (limits[0] > 0 and len(more) - got_async >= limits[0])
+                or (limits[1] > 0 and got_async >= limits[1])
+            )
+        elif done:
+            written |= sql.complete(w.conn, done)
+        return written, claimed, filled
 
     def _start(self, claimed: list[sql.Claimed]) -> bool:
         """Prepare and hand over; True if some claims had to go back."""
@@ -149,9 +193,15 @@ class Claims:
         # Only the kinds there is room for: a due async task behind full async slots must
         # not wake a worker whose free slots are sync ones, again and again.
         sync_room, async_room = self.limits(probe=False)
-        earliest = sql.earliest_ready(w.conn, w.settings.queues, (sync_room > 0, async_room > 0))
+        # Queues a limit holds back are left out (their tasks are due but may not start);
+        # a rate says when its next start is allowed.
+        now = clock.db_now(w.conn)
+        queues = [q for q in w.settings.queues if q not in w.flow.blocked]
+        earliest = sql.earliest_ready(w.conn, queues, (sync_room > 0, async_room > 0), gate=True) if queues else None
+        for at in w.flow.wake_at.values():
+            wait = min(wait, max(at - now.timestamp(), 0.001))
         if earliest is not None:
-            wait = min(wait, max((earliest - clock.db_now(w.conn)).total_seconds(), 0.001))
+            wait = min(wait, max((earliest - now).total_seconds(), 0.001))
             if async_room and not w.async_seen:
                 # What comes due may be async (a task scheduled a moment ahead, or one whose
                 # producer's reading of the database clock is a few ms ahead of ours): look

@@ -2,9 +2,12 @@
 
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
+
+if TYPE_CHECKING:
+    from ox.flow.limits import QueueLimits
 
 PRUNABLE = ("SUCCESSFUL", "FAILED", "CANCELLED")  # ox.models.FINISHED, without importing models
 # What sits between the worker and PostgreSQL. None: nothing (or a session-mode pooler, which
@@ -55,6 +58,9 @@ class OxOptions:
     vacuum: bool = True
     vacuum_interval: float = 10.0  # seconds between looks at the tables' dead tuple counts
     vacuum_min_dead: int = 10000  # a table is vacuumed from this many dead tuples (and 5% of its live ones)
+    # ox.flow: per-queue concurrency and rate limits, {"sms": {"concurrency": 4, "rate": "50/s",
+    # "key_concurrency": 1, "key_rate": "10/s"}} (ox.flow.limits); the dashboard overrides them.
+    limits: dict[str, Any] = field(default_factory=dict)
     worker_stale_after: float = 60.0  # a running worker silent this long is stale
     health_max_backlog: int = 10000  # due READY tasks
     health_max_ready_age: float = 300.0  # seconds the oldest due READY task has waited
@@ -176,8 +182,25 @@ class OxOptions:
                 parse_duration(retention)
             except ValueError as exc:
                 raise ImproperlyConfigured(f"ox OPTIONS PRUNE[{status!r}]: {exc}") from exc
+        self.queue_limits()
         # Last: a ScheduleError carries its own check id (ox.E002/ox.E003).
         parse_schedules(self.schedules)
+
+    def queue_limits(self) -> "dict[str, QueueLimits]":
+        """LIMITS parsed: queue -> its limits (ImproperlyConfigured for a bad value)."""
+        from ox.flow.limits import parse_limits
+
+        if not isinstance(self.limits, dict):
+            raise ImproperlyConfigured(f"ox OPTIONS LIMITS must be a dict of queue -> limits, got {self.limits!r}")
+        out = {}
+        for queue, raw in self.limits.items():
+            if not isinstance(queue, str) or not queue or len(queue) > 64:
+                raise ImproperlyConfigured(f"ox OPTIONS LIMITS: {queue!r} is not a queue name")
+            try:
+                out[queue] = parse_limits(raw, where=f"LIMITS[{queue!r}]")
+            except ValueError as exc:
+                raise ImproperlyConfigured(f"ox OPTIONS {exc}") from None
+        return out
 
     def prune_rules(self) -> dict[str, timedelta]:
         from ox.durations import parse_duration

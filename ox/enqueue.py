@@ -1,17 +1,19 @@
 """Enqueue: one INSERT on the database the router gives ox.Task (bulk: one statement per batch)."""
 
 import inspect
+import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
-from django.db import connections, router
+from django.db import DatabaseError, connections, router, transaction
 from django.tasks import Task as DjangoTask
 from django.tasks import TaskResult
 from django.tasks.signals import task_enqueued
 
 from ox import clock, sql
+from ox.flow.unique import DuplicateTask, ExistingTaskResult, as_existing, limit_key, unique_key
 from ox.ids import uuid7
 from ox.jsoncheck import jsonable
 from ox.models import Task as TaskRow
@@ -41,7 +43,7 @@ def new_task(
     backend: "OxBackend", task: DjangoTask, args: Sequence[Any], kwargs: dict[str, Any], now: datetime
 ) -> sql.NewTask:
     """The row one call will insert; refuses arguments that would not survive JSON."""
-    return sql.NewTask(
+    row = sql.NewTask(
         id=uuid7(),
         task_path=task.module_path,
         queue=task.queue_name,
@@ -54,13 +56,60 @@ def new_task(
         is_async=is_async_task(task),
         scheduled_for=None if task.run_after is None else resolve_run_after(task.run_after, now),
     )
+    return with_flow(task, row, now)
+
+
+def with_flow(task: DjangoTask, row: sql.NewTask, now: datetime) -> sql.NewTask:
+    """The row's flow-control columns (ox.flow): its unique key and its limit key."""
+    unique = getattr(task, "unique", None)
+    if unique is not None:
+        row.unique_key, row.unique_until = unique_key(unique, row.task_path, row.args, row.kwargs, now)
+        row.unique_states = unique.hold_bits
+    explicit = getattr(task, "limit_key", None)
+    by = getattr(task, "limit_by", None)
+    if explicit is not None:
+        row.limit_key = explicit
+    elif by is not None:
+        row.limit_key = limit_key(by, row.args, row.kwargs)
+    return row
+
+
+# A unique insert meets a holder that finishes before it can be read this many times in a
+# row at most before the enqueue gives up (each try is one INSERT and one SELECT).
+UNIQUE_TRIES = 10
+
+
+def insert_or_find(conn: Any, row: sql.NewTask) -> "uuid.UUID | None":
+    """Insert the row; for a unique one whose key is held, the holder's id instead (None:
+    inserted)."""
+    if row.unique_key is None:
+        sql.insert_tasks(conn, [row])
+        return None
+    for _try in range(UNIQUE_TRIES):
+        if sql.insert_unique(conn, row):
+            return None
+        holder = sql.holder_of(conn, row.unique_key)
+        if holder is not None:
+            return holder
+        # The holder finished (or was pruned) between the INSERT and the SELECT: go again.
+    raise DatabaseError(f"could not enqueue {row.task_path}: its unique key kept changing hands")
+
+
+def duplicate_result(backend: "OxBackend", task: DjangoTask, holder: "uuid.UUID") -> ExistingTaskResult:
+    """The answer to a duplicate enqueue: the holder's result, or DuplicateTask."""
+    existing = as_existing(backend.get_result(str(holder)))
+    if task.unique.on_duplicate == "raise":  # type: ignore[attr-defined]  (only OxTask is unique)
+        raise DuplicateTask(existing)
+    return existing
 
 
 def enqueue_one(backend: "OxBackend", task: DjangoTask, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
     backend.validate_task(task)
     conn = connections[database_for(backend)]
     row = new_task(backend, task, args, kwargs, clock.db_now(conn))
-    sql.insert_tasks(conn, [row])
+    holder = insert_or_find(conn, row)
+    if holder is not None:
+        return duplicate_result(backend, task, holder)
     result = ready_result(row, task, backend.alias)
     task_enqueued.send(type(backend), task_result=result)
     return result
@@ -71,14 +120,16 @@ async def aenqueue_one(
 ) -> TaskResult:
     backend.validate_task(task)
 
-    def insert() -> sql.NewTask:
+    def insert() -> sql.NewTask | ExistingTaskResult:
         conn = connections[database_for(backend)]
         row = new_task(backend, task, args, kwargs, clock.db_now(conn))
-        sql.insert_tasks(conn, [row])
-        return row
+        holder = insert_or_find(conn, row)
+        return row if holder is None else duplicate_result(backend, task, holder)
 
     # Django's database layer is synchronous; run the INSERT where the ORM's async API would.
     row = await sync_to_async(insert)()
+    if isinstance(row, ExistingTaskResult):
+        return row
     result = ready_result(row, task, backend.alias)
     await task_enqueued.asend(type(backend), task_result=result)
     return result
@@ -88,7 +139,9 @@ def enqueue_many(
     task: DjangoTask, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]], batch_size: int = 5000
 ) -> list[TaskResult]:
     """Enqueue many calls of one task: every call is validated before any row is written,
-    then rows go in with one INSERT per batch."""
+    then rows go in with one INSERT per batch. A unique task's calls go in one by one, in
+    one transaction: a call whose key an earlier call of the batch or a task in the table
+    holds gets that task's result (or DuplicateTask, with nothing of the batch written)."""
     backend = task.get_backend()
     backend.validate_task(task)
     conn = connections[database_for(backend)]
@@ -115,9 +168,37 @@ def enqueue_many(
         )
         for args, kwargs in calls
     ]
+    if getattr(task, "unique", None) is not None or getattr(task, "limit_key", None) or getattr(task, "limit_by", None):
+        for row in rows:
+            with_flow(task, row, now)
+    if getattr(task, "unique", None) is not None:
+        return _enqueue_unique(backend, task, conn, rows)
     for start in range(0, len(rows), batch_size):
         sql.insert_tasks(conn, rows[start : start + batch_size])
     results = [ready_result(row, task, backend.alias) for row in rows]
     for result in results:
+        task_enqueued.send(type(backend), task_result=result)
+    return results
+
+
+def _enqueue_unique(backend: "OxBackend", task: DjangoTask, conn: Any, rows: list[sql.NewTask]) -> list[TaskResult]:
+    out: list[TaskResult | uuid.UUID] = []
+    fresh: list[TaskResult] = []
+    first: dict[str, uuid.UUID] = {}  # key -> the task that holds it for this batch
+    with transaction.atomic(using=conn.alias):
+        for row in rows:
+            assert row.unique_key is not None
+            holder = first.get(row.unique_key) or insert_or_find(conn, row)
+            if holder is None:
+                first[row.unique_key] = row.id
+                result = ready_result(row, task, backend.alias)
+                fresh.append(result)
+                out.append(result)
+            else:
+                first[row.unique_key] = holder
+                out.append(holder)
+        # Duplicates read after every insert, so one within the batch sees its first.
+        results = [r if isinstance(r, TaskResult) else duplicate_result(backend, task, r) for r in out]
+    for result in fresh:
         task_enqueued.send(type(backend), task_result=result)
     return results

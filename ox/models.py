@@ -17,6 +17,16 @@ class Status(models.TextChoices):
 
 FINISHED = (Status.SUCCESSFUL, Status.FAILED, Status.CANCELLED)
 
+# The rows that hold their unique key (ox.flow.unique.HOLD_BITS: 1 SUCCESSFUL, 2 FAILED,
+# 4 CANCELLED as bits of unique_states), written as IN lists so every database's partial
+# index can say it.
+UNIQUE_HELD = Q(unique_key__isnull=False) & (
+    Q(status__in=["READY", "RUNNING"])
+    | Q(status="SUCCESSFUL", unique_states__in=[1, 3, 5, 7])
+    | Q(status="FAILED", unique_states__in=[2, 3, 6, 7])
+    | Q(status="CANCELLED", unique_states__in=[4, 5, 6, 7])
+)
+
 
 class TaskQuerySet(models.QuerySet["Task"]):
     def ready(self) -> "TaskQuerySet":
@@ -61,6 +71,15 @@ class TaskBase(models.Model):
     fence = models.PositiveIntegerField(default=0)
     return_value = models.JSONField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
+    # Flow control (ox.flow). unique_key: the task's uniqueness key (ox.flow.unique), held
+    # while the row is in ox_task_unique's predicate; unique_states: the finished statuses
+    # that keep holding it (bits: 1 SUCCESSFUL, 2 FAILED, 4 CANCELLED); unique_until: the end
+    # of its period's window (None: no period). limit_key: the key its queue's per-key
+    # concurrency and rate limits count it under.
+    unique_key = models.CharField(max_length=64, null=True, blank=True)
+    unique_states = models.PositiveSmallIntegerField(default=0, db_default=0)
+    unique_until = models.DateTimeField(null=True, blank=True)
+    limit_key = models.CharField(max_length=200, null=True, blank=True)
 
     objects = TaskQuerySet.as_manager()
 
@@ -130,8 +149,14 @@ class Task(TaskBase):
                 name="ox_task_failed_status",
                 condition=Q(status__in=["FAILED", "CANCELLED"]),
             ),
+            # The gate's count of what runs per queue and per limit key (ox.flow.gate): as
+            # small as the RUNNING set. A claim adds one entry; nothing else writes it.
+            models.Index(fields=["queue", "limit_key"], name="ox_task_running_queue", condition=Q(status="RUNNING")),
         ]
         constraints = [
+            # Unique tasks (ox.flow.unique): a key is held while READY or RUNNING, and in a
+            # finished status its unique_states name. Rows without a key are not in it.
+            models.UniqueConstraint(fields=["unique_key"], name="ox_task_unique", condition=UNIQUE_HELD),
             models.CheckConstraint(
                 condition=Q(priority__gte=TASK_MIN_PRIORITY, priority__lte=TASK_MAX_PRIORITY),
                 name="ox_task_priority_range",
@@ -248,3 +273,44 @@ class Tick(models.Model):
 
     def __str__(self) -> str:
         return f"{self.schedule} @ {self.tick_at.isoformat()}"
+
+
+class QueueState(models.Model):
+    """A queue's run-time state (ox.flow.queues): paused or not, limits overriding the
+    settings' LIMITS, and the rate limit's schedule. Its row is also the lock the gate takes
+    to claim from a limited queue (ox.flow.gate), so limited claims of one queue are one at
+    a time across all workers."""
+
+    name = models.CharField(primary_key=True, max_length=64)
+    paused = models.BooleanField(default=False, db_default=False)
+    # Limit fields set at run time (the dashboard): present keys win over the settings,
+    # None included (None lifts that limit). {} : the settings hold.
+    overrides = models.JSONField(default=dict, blank=True)
+    # Whether the overrides set any limit: the claim for unlimited queues skips such a queue
+    # even before a worker has read its overrides.
+    limited = models.BooleanField(default=False, db_default=False)
+    # GCRA for the queue's rate limit: the theoretical time of the next start (epoch seconds).
+    rate_tat = models.FloatField(null=True, blank=True)
+    updated_at = models.DateTimeField(null=True, blank=True)
+    updated_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        db_table = "ox_queue"
+        verbose_name = "queue"
+
+    def __str__(self) -> str:
+        return f"{self.name}{' (paused)' if self.paused else ''}"
+
+
+class KeyRate(models.Model):
+    """GCRA state of a per-key rate limit (ox.flow.gate): a row per (queue, limit key) that
+    started a task lately; rows whose time has passed say nothing and are pruned."""
+
+    queue = models.CharField(max_length=64)
+    key = models.CharField(max_length=200)
+    tat = models.FloatField()  # epoch seconds
+
+    class Meta:
+        db_table = "ox_key_rate"
+        constraints = [models.UniqueConstraint(fields=["queue", "key"], name="ox_key_rate_once")]
+        indexes = [models.Index(fields=["tat"], name="ox_key_rate_tat")]

@@ -5,7 +5,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections, router, transaction
+from django.db import IntegrityError, connections, router, transaction
 from django.db.models import Case, F, QuerySet, Value, When
 from django.tasks import task_backends
 
@@ -19,6 +19,8 @@ class Changed:
     cancelled: int = 0  # READY tasks now CANCELLED
     cancel_requested: int = 0  # RUNNING tasks their worker will interrupt
     retried: int = 0  # FAILED/CANCELLED tasks back to READY
+    # Unique tasks left as they are: another task holds their key now (ox.flow.unique).
+    duplicates: int = 0
 
     def __bool__(self) -> bool:
         return bool(self.cancelled or self.cancel_requested or self.retried)
@@ -76,20 +78,31 @@ def _budget(task_path: str) -> int:
     return getattr(task, "max_attempts", None) or backend.config.max_attempts
 
 
-def _reopen(qs: QuerySet[Task], now: Any) -> int:
-    """FAILED/CANCELLED rows of ox_task in `qs` back to READY, a fresh budget per task path."""
-    reopened = 0
+def _reopen(qs: QuerySet[Task], now: Any) -> tuple[int, int]:
+    """FAILED/CANCELLED rows of ox_task in `qs` back to READY, a fresh budget per task path.
+    Returns (reopened, duplicates): a unique task whose key another task holds now (its key
+    was free while it was finished) stays as it is, one by one in a savepoint, so the rest
+    of the batch is retried."""
+    reopened = duplicates = 0
+    changes = {
+        "status": Status.READY,
+        "run_after": now,
+        "finished_at": None,
+        "cancel_requested": False,
+        "lease_expires_at": None,
+        "return_value": None,
+    }
     for path in qs.values_list("task_path", flat=True).distinct().order_by():
-        reopened += qs.filter(task_path=path).update(
-            status=Status.READY,
-            run_after=now,
-            finished_at=None,
-            cancel_requested=False,
-            lease_expires_at=None,
-            max_attempts=F("attempts") + _budget(path),
-            return_value=None,
-        )
-    return reopened
+        budget = F("attempts") + _budget(path)
+        of_path = qs.filter(task_path=path)
+        reopened += of_path.filter(unique_key__isnull=True).update(**changes, max_attempts=budget)
+        for pk in of_path.filter(unique_key__isnull=False).values_list("pk", flat=True).order_by("pk"):
+            try:
+                with transaction.atomic(using=qs.db):
+                    reopened += Task.objects.using(qs.db).filter(pk=pk).update(**changes, max_attempts=budget)
+            except IntegrityError:
+                duplicates += 1
+    return reopened, duplicates
 
 
 def _retry_sets(task_ids: Any, archived: QuerySet[ArchivedTask] | None) -> tuple[QuerySet[Task] | None, Any]:
@@ -117,14 +130,15 @@ def retry(task_ids: Any, archived: QuerySet[ArchivedTask] | None = None) -> Chan
     hot, archive = _retry_sets(task_ids, archived)
     db = (hot if hot is not None else archive).db or router.db_for_write(Task)
     now = clock.db_now(connections[db])
-    retried = 0
+    retried = duplicates = 0
     with transaction.atomic(using=db):
         if hot is not None:
-            retried += _reopen(hot.filter(status__in=RETRYABLE), now)
+            retried, duplicates = _reopen(hot.filter(status__in=RETRYABLE), now)
         if archive is not None:
             ids = list(archive.filter(status__in=RETRYABLE).values_list("pk", flat=True).order_by())
             moved = move_back(connections[db], ids) if ids else []
             for start in range(0, len(moved), ID_CHUNK):
                 chunk = moved[start : start + ID_CHUNK]
-                retried += _reopen(Task.objects.using(db).filter(pk__in=chunk, status__in=RETRYABLE), now)
-    return Changed(retried=retried)
+                done, dup = _reopen(Task.objects.using(db).filter(pk__in=chunk, status__in=RETRYABLE), now)
+                retried, duplicates = retried + done, duplicates + dup
+    return Changed(retried=retried, duplicates=duplicates)

@@ -69,6 +69,10 @@ class NewTask:
     max_attempts: int
     is_async: bool = False
     scheduled_for: datetime | None = None
+    unique_key: str | None = None  # ox.flow.unique
+    unique_states: int = 0
+    unique_until: datetime | None = None
+    limit_key: str | None = None  # ox.flow.limits
 
 
 @dataclass(slots=True)
@@ -167,39 +171,51 @@ def _candidates(limit: int) -> int:
     return 2 * limit + 8
 
 
-def _pick_sql(flag: str, queues: Sequence[str], now: object, limit: int) -> tuple[str, list[object]]:
-    """PostgreSQL: the ids of up to `limit` due READY tasks of one kind in these queues, in
-    claim order, read from the READY index (queue, is_async, priority DESC, run_after, id) so
-    that what a claim costs does not depend on how many tasks wait.
+# Queues the claim for unlimited queues leaves alone: paused ones, and ones with limits set at
+# run time (ox_queue.limited; ox.flow.gate claims from those). One primary key probe each.
+_SKIP_QUEUE = "NOT EXISTS (SELECT 1 FROM ox_queue s WHERE s.name = l.queue AND (s.paused OR s.limited))"
+_SKIP_PAUSED = "NOT EXISTS (SELECT 1 FROM ox_queue s WHERE s.name = l.queue AND s.paused)"
 
-    Per queue, a recursive query steps through the priorities present (one index probe
-    each: max(priority) below the last), and for each priority a range scan of the due rows
-    (run_after <= now) reads a few candidates. Stepping by priority is what keeps tasks
-    scheduled for later at a higher priority from being read on every claim: within a
-    priority the due rows come first, and a scan across priorities would walk every
-    not-yet-due row of the higher ones. Candidates are read without locks; only the best
-    `limit` of them are locked, in claim order, skipping any another worker holds (SKIP
-    LOCKED: workers never wait for each other, and a row taken meanwhile fails the status
-    re-check). So a claim locks no more than it takes, and a concurrent claim is never kept
-    from rows nobody will claim."""
+
+def candidates_sql(
+    flag: str, queues: Sequence[str], now: object, k: int, limit: int, columns: str = "c.id", gate: bool = False
+) -> tuple[str, list[object]]:
+    """PostgreSQL: due READY tasks of one kind in these queues, in claim order, read without
+    locks from the READY index: per queue a recursive query steps through the priorities
+    present (one index probe each: max(priority) below the last), and for each priority a
+    range scan of the due rows (run_after <= now) reads up to k. Stepping by priority is
+    what keeps tasks scheduled for later at a higher priority from being read on every
+    claim. gate: for ox.flow.gate (run-time limited queues included, paused ones not)."""
     ready = f"FROM ox_task t WHERE t.status = 'READY' AND t.queue = l.queue AND t.is_async = {flag}"
     starts = " UNION ALL ".join("SELECT CAST(%s AS text)" for _q in queues)
-    candidates = (
+    skip = _SKIP_PAUSED if gate else _SKIP_QUEUE
+    sql = (
         "WITH RECURSIVE levels(queue, priority) AS ("
-        f"SELECT l.queue, (SELECT max(t.priority) {ready}) FROM ({starts}) AS l(queue)"
+        f"SELECT l.queue, (SELECT max(t.priority) {ready}) FROM ({starts}) AS l(queue) WHERE {skip}"
         f" UNION ALL SELECT l.queue, (SELECT max(t.priority) {ready} AND t.priority < l.priority)"
         " FROM levels l WHERE l.priority IS NOT NULL"
-        ") SELECT c.id FROM levels l CROSS JOIN LATERAL ("
-        f"SELECT t.id, t.run_after {ready} AND t.priority = l.priority AND t.run_after <= %s"
+        f") SELECT {columns} FROM levels l CROSS JOIN LATERAL ("
+        f"SELECT t.id, t.run_after, t.queue, t.limit_key {ready} AND t.priority = l.priority AND t.run_after <= %s"
         " ORDER BY t.run_after, t.id LIMIT %s) AS c"
         " WHERE l.priority IS NOT NULL ORDER BY l.priority DESC, c.run_after, c.id LIMIT %s"
     )
+    return sql, [*queues, now, k, limit]
+
+
+def _pick_sql(flag: str, queues: Sequence[str], now: object, limit: int) -> tuple[str, list[object]]:
+    """PostgreSQL: the ids of up to `limit` due READY tasks of one kind in these queues, in
+    claim order (candidates_sql), so that what a claim costs does not depend on how many
+    tasks wait. Candidates are read without locks; only the best `limit` of them are locked,
+    in claim order, skipping any another worker holds (SKIP LOCKED: workers never wait for
+    each other, and a row taken meanwhile fails the status re-check). So a claim locks no
+    more than it takes, and a concurrent claim is never kept from rows nobody will claim."""
+    k = _candidates(limit)
+    candidates, params = candidates_sql(flag, queues, now, k, k)
     sql = (
         f"SELECT w.id FROM ox_task w WHERE w.id IN ({candidates}) AND w.status = 'READY'"
         " ORDER BY w.priority DESC, w.run_after, w.id LIMIT %s FOR UPDATE SKIP LOCKED"
     )
-    k = _candidates(limit)
-    return sql, [*queues, now, k, k, limit]
+    return sql, [*params, limit]
 
 
 def _sqlite_pick(
@@ -372,14 +388,16 @@ def complete_and_claim(
 _LEVEL_READY = "FROM ox_task t WHERE t.status = 'READY' AND t.queue = l.queue AND t.is_async = l.is_async"
 
 
-def _levels_cte(queues: Sequence[str], flags: Sequence[str]) -> tuple[str, list[object]]:
+def _levels_cte(queues: Sequence[str], flags: Sequence[str], gate: bool = False) -> tuple[str, list[object]]:
     """`levels(queue, is_async, priority)`: per queue and kind, every priority of a READY task
     there, found by stepping from one to the next lower (one probe of the READY index each)
-    instead of reading the tasks. Rows with a NULL priority end each walk."""
+    instead of reading the tasks. Rows with a NULL priority end each walk. Paused queues
+    (and unless `gate`, queues limited at run time) are left out."""
     starts = " UNION ALL ".join(f"SELECT CAST(%s AS text), {flag}" for _q in queues for flag in flags)
+    skip = _SKIP_PAUSED if gate else _SKIP_QUEUE
     sql = (
         f"pairs(queue, is_async) AS ({starts}), levels(queue, is_async, priority) AS ("
-        f"SELECT l.queue, l.is_async, (SELECT max(t.priority) {_LEVEL_READY}) FROM pairs l"
+        f"SELECT l.queue, l.is_async, (SELECT max(t.priority) {_LEVEL_READY}) FROM pairs l WHERE {skip}"
         f" UNION ALL SELECT l.queue, l.is_async, (SELECT max(t.priority) {_LEVEL_READY} AND t.priority < l.priority)"
         " FROM levels l WHERE l.priority IS NOT NULL)"
     )
@@ -387,7 +405,7 @@ def _levels_cte(queues: Sequence[str], flags: Sequence[str]) -> tuple[str, list[
 
 
 def earliest_ready(
-    conn: BaseDatabaseWrapper, queues: Sequence[str], kinds: tuple[bool, bool] = (True, True)
+    conn: BaseDatabaseWrapper, queues: Sequence[str], kinds: tuple[bool, bool] = (True, True), gate: bool = False
 ) -> datetime | None:
     """When the next READY task in these queues becomes due (None: none waiting); kinds:
     whether to look at (sync, async) tasks, the ones the worker has room to claim.
@@ -401,7 +419,7 @@ def earliest_ready(
     queues = _distinct(queues)
     if not flags or not queues:
         return None
-    levels, params = _levels_cte(queues, flags)
+    levels, params = _levels_cte(queues, flags, gate)
     sql = (
         f"WITH RECURSIVE {levels} SELECT min((SELECT min(t.run_after) {_LEVEL_READY} AND t.priority = l.priority))"
         " FROM levels l WHERE l.priority IS NOT NULL"
@@ -412,9 +430,11 @@ def earliest_ready(
     return _read_ts(row[0]) if row and row[0] is not None else None
 
 
-def _sqlite_levels(conn: BaseDatabaseWrapper, queues: Sequence[str]) -> dict[tuple[str, int], list[int]]:
+def _sqlite_levels(
+    conn: BaseDatabaseWrapper, queues: Sequence[str], gate: bool = False
+) -> dict[tuple[str, int], list[int]]:
     """(queue, is_async) -> the priorities of its READY tasks, highest first."""
-    levels, params = _levels_cte(queues, ("0", "1"))
+    levels, params = _levels_cte(queues, ("0", "1"), gate)
     out: dict[tuple[str, int], list[int]] = {}
     with conn.cursor() as cursor:
         cursor.execute(
@@ -431,50 +451,87 @@ def _sqlite_levels(conn: BaseDatabaseWrapper, queues: Sequence[str]) -> dict[tup
 # Constants stay in the text; the READY row's other columns take their model defaults.
 _INSERT_COLUMNS = (
     "id, task_path, queue, priority, status, args, kwargs, run_after, enqueued_at,"
-    " attempts, max_attempts, worker_id, fence, cancel_requested, is_async, scheduled_for"
+    " attempts, max_attempts, worker_id, fence, cancel_requested, is_async, scheduled_for,"
+    " unique_key, unique_states, unique_until, limit_key"
 )
+
+# ox.models.UNIQUE_HELD as SQL: the rows that hold their unique key.
+UNIQUE_HELD = (
+    "unique_key IS NOT NULL AND (status IN ('READY', 'RUNNING')"
+    " OR (status = 'SUCCESSFUL' AND unique_states IN (1, 3, 5, 7))"
+    " OR (status = 'FAILED' AND unique_states IN (2, 3, 6, 7))"
+    " OR (status = 'CANCELLED' AND unique_states IN (4, 5, 6, 7)))"
+)
+
+
+def _one_row(conn: BaseDatabaseWrapper, r: NewTask) -> tuple[str, list[object]]:
+    false = "false" if is_postgres(conn) else "0"
+    sql = (
+        f"INSERT INTO ox_task ({_INSERT_COLUMNS})"
+        f" VALUES (%s, %s, %s, %s, 'READY', %s, %s, %s, %s, 0, %s, '', 0, {false}, %s, %s, %s, %s, %s, %s)"
+    )
+    params = [
+        _id(conn, r.id),
+        r.task_path,
+        r.queue,
+        r.priority,
+        json.dumps(r.args),
+        json.dumps(r.kwargs),
+        _ts(conn, r.run_after),
+        _ts(conn, r.enqueued_at),
+        r.max_attempts,
+        r.is_async,
+        _ts(conn, r.scheduled_for),
+        r.unique_key,
+        r.unique_states,
+        _ts(conn, r.unique_until),
+        r.limit_key,
+    ]
+    return sql, params
+
+
+def insert_unique(conn: BaseDatabaseWrapper, row: NewTask) -> bool:
+    """Insert a unique task unless its key is held (ox_task_unique): True if inserted. ON
+    CONFLICT DO NOTHING, so a duplicate neither raises nor, on PostgreSQL, aborts the
+    caller's transaction; a concurrent insert of the same key waits for that one to commit
+    or roll back, so exactly one of them inserts."""
+    sql, params = _one_row(conn, row)
+    with conn.cursor() as cursor:
+        cursor.execute(f"{sql} ON CONFLICT DO NOTHING RETURNING id", params)
+        return cursor.fetchone() is not None
+
+
+def holder_of(conn: BaseDatabaseWrapper, key: str) -> uuid.UUID | None:
+    """The task that holds a unique key now, if any."""
+    with conn.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM ox_task WHERE unique_key = %s AND {UNIQUE_HELD}", [key])
+        row = cursor.fetchone()
+    return None if row is None else _read_id(row[0])
 
 
 def insert_tasks(conn: BaseDatabaseWrapper, rows: Sequence[NewTask]) -> None:
     """Insert READY tasks in one statement (written out: compiling the ORM's INSERT costs
-    more than the round trip). Many rows travel as one JSON document."""
+    more than the round trip). Many rows travel as one JSON document. Unique tasks go
+    through insert_unique, one by one."""
     if not rows:
         return
     pg = is_postgres(conn)
-    false = "false" if pg else "0"
     if len(rows) == 1:
-        r = rows[0]
-        sql = (
-            f"INSERT INTO ox_task ({_INSERT_COLUMNS})"
-            f" VALUES (%s, %s, %s, %s, 'READY', %s, %s, %s, %s, 0, %s, '', 0, {false}, %s, %s)"
-        )
-        params = [
-            _id(conn, r.id),
-            r.task_path,
-            r.queue,
-            r.priority,
-            json.dumps(r.args),
-            json.dumps(r.kwargs),
-            _ts(conn, r.run_after),
-            _ts(conn, r.enqueued_at),
-            r.max_attempts,
-            r.is_async,
-            _ts(conn, r.scheduled_for),
-        ]
+        sql, params = _one_row(conn, rows[0])
     elif pg:
         _copy_tasks(conn, rows)
         return
     else:
-        x = [f"json_extract(value, '$[{i}]')" for i in range(11)]
+        x = [f"json_extract(value, '$[{i}]')" for i in range(15)]
         sql = (
             f"INSERT INTO ox_task ({_INSERT_COLUMNS})"
             f" SELECT {x[0]}, {x[1]}, {x[2]}, {x[3]}, 'READY', {x[4]}, {x[5]}, {x[6]}, {x[7]}, 0, {x[8]}, '', 0, 0,"
-            f" {x[9]}, {x[10]} FROM json_each(%s)"
+            f" {x[9]}, {x[10]}, {x[11]}, {x[12]}, {x[13]}, {x[14]} FROM json_each(%s)"
         )
         payload = [
             [r.id.hex, r.task_path, r.queue, r.priority, r.args, r.kwargs]
             + [_ts(conn, r.run_after), _ts(conn, r.enqueued_at), r.max_attempts, int(r.is_async)]
-            + [_ts(conn, r.scheduled_for)]
+            + [_ts(conn, r.scheduled_for), r.unique_key, r.unique_states, _ts(conn, r.unique_until), r.limit_key]
             for r in rows
         ]
         params = [json.dumps(payload)]
@@ -502,7 +559,10 @@ def _copy_tasks(conn: BaseDatabaseWrapper, rows: Sequence[NewTask]) -> None:
             f"\t{_copy_field(json.dumps(r.args)) if r.args else '[]'}"
             f"\t{_copy_field(json.dumps(r.kwargs)) if r.kwargs else '{}'}"
             f"\t{run_after}\t{enqueued_at}\t0\t{r.max_attempts}\t\t0\tf\t{'t' if r.is_async else 'f'}"
-            f"\t{r.scheduled_for.isoformat() if r.scheduled_for else '\\N'}\n"
+            f"\t{r.scheduled_for.isoformat() if r.scheduled_for else '\\N'}"
+            f"\t{_copy_field(r.unique_key) if r.unique_key else '\\N'}\t{r.unique_states}"
+            f"\t{r.unique_until.isoformat() if r.unique_until else '\\N'}"
+            f"\t{_copy_field(r.limit_key) if r.limit_key is not None else '\\N'}\n"
         )
     with conn.cursor() as cursor:
         with cursor.cursor.copy(f"COPY ox_task ({_INSERT_COLUMNS}) FROM STDIN") as copy:

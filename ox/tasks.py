@@ -1,14 +1,18 @@
 """OxTask: Django's Task with ox's per-task policy (Django 6.1 forwards @task kwargs here)."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
 from django.tasks import Task
 
+from ox.flow.unique import Unique, as_by, as_unique, check_limit_key
+
 # (exception, task_result) -> seconds | timedelta | None (None: give up, no more attempts)
 Backoff = Callable[[BaseException, Any], float | int | timedelta | None]
+
+_UNSET: Any = object()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -16,3 +20,37 @@ class OxTask(Task):
     max_attempts: int | None = None
     backoff: Backoff | None = None
     timeout: float | None = None
+    # Flow control (ox.flow): uniqueness (True, a dict or ox.Unique), the arguments a task's
+    # limit key comes from (a name or position, or a list of them), or the key itself.
+    unique: Unique | None = None
+    limit_by: tuple[str | int, ...] | None = None
+    limit_key: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "unique", as_unique(self.unique))
+        object.__setattr__(self, "limit_by", as_by(self.limit_by, "limit_by="))
+        if self.limit_key is not None:
+            check_limit_key(self.limit_key)
+        Task.__post_init__(self)
+
+    def using(
+        self,
+        *,
+        unique: Any = _UNSET,
+        unique_key: str | None = None,
+        limit_key: str | None = None,
+        **kwargs: Any,
+    ) -> "OxTask":
+        """Django's using() (priority, queue_name, run_after, backend), and per call:
+        unique= (as @task takes it), unique_key= (unique under this key, whatever the
+        arguments), limit_key= (the key its queue's per-key limits count it under)."""
+        task = Task.using(self, **kwargs)
+        changes: dict[str, Any] = {}
+        if unique is not _UNSET:
+            changes["unique"] = as_unique(unique)
+        if unique_key is not None:
+            base = changes.get("unique", self.unique) or Unique()
+            changes["unique"] = replace(base, key=unique_key, by=None)
+        if limit_key is not None:
+            changes["limit_key"] = check_limit_key(limit_key)
+        return replace(task, **changes) if changes else task

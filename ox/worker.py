@@ -30,6 +30,7 @@ from ox.enqueue import database_for
 from ox.exceptions import TaskCancelled, TaskTimeout
 from ox.execution import Finished
 from ox.executor import SKIPPED, AsyncExecutor, Key, SyncExecutor
+from ox.flow.watch import FlowWatch
 from ox.idle import IdleMark
 from ox.leases import Leases
 from ox.listener import Listener
@@ -80,6 +81,7 @@ class Worker:
         self.prefetch_hold = False  # prefetched tasks were given back: claim for free slots only
         self.gave_back = False  # a claim had to give tasks back: claim again once a slot frees
         self.claimed_total = 0
+        self.claim_rounds = 0  # claims made (the stop event reports it: waiting must not poll)
         self.stopping = False
         self.stop_deadline: float | None = None
         self.stuck = False
@@ -99,6 +101,7 @@ class Worker:
         self.listener: Listener | None = None
         self.leases = Leases(self)
         self.claims = Claims(self)
+        self.flow = FlowWatch(self.options.queue_limits(), list(settings.queues))
         self.idle = IdleMark(self)
         self.notified = threading.Event()  # a wake-up from the listener is already queued
         self.start_seen = threading.Event()  # a _STARTED is already queued
@@ -240,7 +243,15 @@ class Worker:
         if self.conn is not None:
             self.conn.close()
         code = EXIT_STUCK if self.stuck else EXIT_LEFT_BEHIND if left else EXIT_OK
-        event(logger, logging.INFO, "worker stopped", claimed=self.claimed_total, exit_code=code, worker=self.id)
+        event(
+            logger,
+            logging.INFO,
+            "worker stopped",
+            claimed=self.claimed_total,
+            claims=self.claim_rounds,
+            exit_code=code,
+            worker=self.id,
+        )
         return code
 
     # ---------------------------------------------------------------- the loop
@@ -316,6 +327,7 @@ class Worker:
                 self.notified.clear()
                 self.more_waiting = True
                 self.next_async_probe = 0.0  # what was enqueued may be async
+                self.flow.woken()
                 if min(self.claims.limits(probe=False)) == 0:
                     self.idle.notified_while_full = True  # claim again as soon as a slot frees
             elif item is _STARTED:
@@ -339,6 +351,8 @@ class Worker:
             self.prefetch_hold = False  # a slot is free: claim for it (and prefetch) again
         if self.gave_back:
             self.gave_back, self.more_waiting = False, True
+        if self.flow.freed(finished.claimed.queue):
+            self.more_waiting = True  # the limit that held its queue back has room now
         self.idle.slot_freed()
         self.completer.add(finished)
         if len(self.completer.successes) >= self.options.completion_batch:

@@ -17,3 +17,17 @@ class Account(models.Model):
 
     class Meta:
         app_label = "testapp"
+
+
+class Span(models.Model):
+    """When a test task's body started and ended (time.time()), for the flow-control tests'
+    ledger of what ran at once and how starts spread."""
+
+    key = models.CharField(max_length=64, db_index=True)
+    group = models.CharField(max_length=200, blank=True, default="")
+    pid = models.IntegerField()
+    started = models.FloatField()
+    ended = models.FloatField(null=True)
+
+    class Meta:
+        app_label = "testapp"

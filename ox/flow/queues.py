@@ -1,0 +1,115 @@
+"""Queues' run-time state (ox_queue): pause and resume, limits overridden at run time, and
+what a worker reads of them. The claim itself enforces a pause (ox.sql skips paused queues
+in the same statement), so a pause holds from the next claim of every worker, with or
+without a listener; a resume and a change of limits NOTIFY idle workers on PostgreSQL."""
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections, router, transaction
+from django.utils import timezone
+
+from ox.flow.limits import LIMIT_FIELDS, QueueLimits, merged, parse_limits
+from ox.models import QueueState
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    name: str
+    paused: bool
+    limits: QueueLimits  # in force: the settings with the overrides on top
+    settings: QueueLimits  # TASKS[...]["OPTIONS"]["LIMITS"] alone
+    overrides: dict[str, Any]
+
+
+def _db(using: str | None) -> str:
+    return using or router.db_for_write(QueueState)
+
+
+def _notify(using: str, name: str) -> None:
+    """Wake idle PostgreSQL workers of the queue (the enqueue trigger's channel), after
+    commit, so what they read is the new state."""
+    conn = connections[using]
+    if conn.vendor != "postgresql":
+        return
+
+    def send() -> None:
+        with connections[using].cursor() as cursor:
+            cursor.execute("SELECT pg_notify('ox_task', %s)", [name])
+
+    transaction.on_commit(send, using=using)
+
+
+def _write(name: str, using: str | None, by: str, **changes: Any) -> QueueState:
+    db = _db(using)
+    with transaction.atomic(using=db):
+        state, _created = QueueState.objects.using(db).select_for_update().get_or_create(name=name)
+        for field, value in changes.items():
+            setattr(state, field, value)
+        state.updated_at, state.updated_by = timezone.now(), by[:150]
+        state.save(using=db)
+        _notify(db, name)
+    return state
+
+
+def check_name(name: Any) -> str:
+    if not isinstance(name, str) or not name or len(name) > 64:
+        raise ValueError(f"a queue name is a string of 1 to 64 characters, got {name!r}")
+    return name
+
+
+def pause(name: str, using: str | None = None, by: str = "") -> QueueState:
+    """No worker claims from the queue from its next claim on; running tasks finish."""
+    return _write(check_name(name), using, by, paused=True)
+
+
+def resume(name: str, using: str | None = None, by: str = "") -> QueueState:
+    return _write(check_name(name), using, by, paused=False)
+
+
+def set_limits(name: str, overrides: dict[str, Any], using: str | None = None, by: str = "") -> QueueState:
+    """Override limits at run time: a field given wins over the settings (None lifts that
+    limit); {} goes back to the settings. Raises ValueError for a bad value, writing nothing."""
+    unknown = sorted(str(k) for k in overrides if k not in LIMIT_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown limit {', '.join(unknown)} (known: {', '.join(LIMIT_FIELDS)})")
+    parsed = parse_limits({k: v for k, v in overrides.items()}, where=f"queue {name!r}")
+    clean = {k: parsed.as_dict()[k] for k in overrides}
+    limited = any(v is not None for v in clean.values())
+    return _write(check_name(name), using, by, overrides=clean, limited=limited)
+
+
+def views(settings: dict[str, QueueLimits], names: list[str], using: str | None = None) -> list[QueueView]:
+    """Each queue's state: those named, those with limits in the settings, and those with a
+    row (paused or overridden), by name."""
+    db = _db(using)
+    rows = {r.name: r for r in QueueState.objects.using(db).all()}
+    out = []
+    for name in sorted({*names, *settings, *rows}):
+        row = rows.get(name)
+        base = settings.get(name, QueueLimits())
+        overrides = dict(row.overrides) if row and isinstance(row.overrides, dict) else {}
+        out.append(QueueView(name, bool(row and row.paused), merged(base, overrides), base, overrides))
+    return out
+
+
+def read_states(conn: Any, names: list[str]) -> dict[str, tuple[bool, dict[str, Any]]]:
+    """The worker's read of its queues' rows on its own connection: name -> (paused,
+    overrides). Queues without a row are absent."""
+    if not names:
+        return {}
+    marks = ", ".join(["%s"] * len(names))
+    with conn.cursor() as cursor:
+        cursor.execute(f"SELECT name, paused, overrides FROM ox_queue WHERE name IN ({marks})", list(names))
+        rows = cursor.fetchall()
+    out = {}
+    for name, paused, overrides in rows:
+        if isinstance(overrides, str):
+            import json
+
+            try:
+                overrides = json.loads(overrides)
+            except ValueError:
+                overrides = {}
+        out[name] = (bool(paused), overrides if isinstance(overrides, dict) else {})
+    return out

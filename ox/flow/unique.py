@@ -1,0 +1,181 @@
+"""Unique tasks: what makes two enqueues "the same task", and how a duplicate is answered.
+
+A unique task's row carries `unique_key` (a hash of the task path, the chosen arguments and,
+with a period, the window of time) and `unique_states` (which finished statuses keep holding
+the key). The partial unique index ox_task_unique (migration 0013) covers every row whose key
+is held: always while READY or RUNNING (a task that can still run must never have a twin:
+the pitfall of letting unique states omit a live state), and in SUCCESSFUL, FAILED or
+CANCELLED when its unique_states say so. A status change moves the row in or out of the
+index by itself, so no write path has to remember to free a key; an insert of a held key is
+refused by the index, never by a check-then-insert race.
+"""
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from django.tasks import TaskResult
+from django.tasks.exceptions import InvalidTask
+
+# Finished statuses a key may keep holding, as bits of unique_states.
+HOLD_BITS = {"SUCCESSFUL": 1, "FAILED": 2, "CANCELLED": 4}
+LIVE = ("READY", "RUNNING")
+ALL_STATES = (*LIVE, *HOLD_BITS)
+
+OnDuplicate = Literal["return", "raise"]
+
+
+@dataclass(frozen=True, slots=True)
+class Unique:
+    """A task's uniqueness. by: the argument names (keyword) or positions (int) that make the
+    key, None for all arguments; key: a key given outright (then `by` is not used); period:
+    unique within windows of this length (seconds or a timedelta, aligned to the Unix epoch),
+    None for as long as a row holds the key; states: the statuses in which an existing task
+    refuses a duplicate (READY and RUNNING always); on_duplicate: "return" the existing
+    task's result (ox.is_duplicate() tells it apart) or "raise" ox.DuplicateTask."""
+
+    by: tuple[str | int, ...] | None = None
+    key: str | None = None
+    period: float | None = None
+    states: tuple[str, ...] = LIVE
+    on_duplicate: OnDuplicate = "return"
+
+    def __post_init__(self) -> None:
+        if self.by is not None:
+            by = (self.by,) if isinstance(self.by, (str, int)) else tuple(self.by)
+            for name in by:
+                if isinstance(name, bool) or not isinstance(name, (str, int)) or (isinstance(name, int) and name < 0):
+                    raise InvalidTask(f"unique by= takes argument names or positions, got {name!r}")
+            object.__setattr__(self, "by", by)
+        if self.key is not None and (not isinstance(self.key, str) or not self.key):
+            raise InvalidTask(f"unique key must be a non-empty string, got {self.key!r}")
+        if self.period is not None:
+            period = self.period.total_seconds() if isinstance(self.period, timedelta) else self.period
+            if isinstance(period, bool) or not isinstance(period, (int, float)) or not math.isfinite(period):
+                raise InvalidTask(f"unique period must be seconds or a timedelta, got {self.period!r}")
+            if period <= 0:
+                raise InvalidTask(f"unique period must be positive, got {self.period!r}")
+            object.__setattr__(self, "period", float(period))
+        states = (self.states,) if isinstance(self.states, str) else tuple(self.states)
+        unknown = [s for s in states if s not in ALL_STATES]
+        if unknown:
+            raise InvalidTask(f"unique states: {unknown!r} not among {', '.join(ALL_STATES)}")
+        # READY and RUNNING always hold: a state a live task can be in that let a duplicate in
+        # would let two copies run (River's and Oban's pitfall).
+        object.__setattr__(self, "states", tuple(s for s in ALL_STATES if s in LIVE or s in states))
+        if self.on_duplicate not in ("return", "raise"):
+            raise InvalidTask(f"unique on_duplicate must be 'return' or 'raise', got {self.on_duplicate!r}")
+
+    @property
+    def hold_bits(self) -> int:
+        return sum(bit for state, bit in HOLD_BITS.items() if state in self.states)
+
+
+def as_unique(value: Any) -> Unique | None:
+    """@task(unique=...) and .using(unique=...): True (all arguments), a Unique, a dict of its
+    fields, or None/False."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return Unique()
+    if isinstance(value, Unique):
+        return value
+    if isinstance(value, dict):
+        known = {f.name for f in fields(Unique)}
+        unknown = sorted(str(k) for k in value if k not in known)
+        if unknown:
+            raise InvalidTask(f"unique: unknown option {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        return Unique(**value)
+    raise InvalidTask(f"unique must be True, a dict or ox.Unique, got {value!r}")
+
+
+def _pick(args: Sequence[Any], kwargs: dict[str, Any], by: tuple[str | int, ...], what: str) -> list[Any]:
+    picked = []
+    for name in by:
+        if isinstance(name, int):
+            if name >= len(args):
+                raise InvalidTask(f"{what} uses positional argument {name}, but the call has {len(args)}")
+            picked.append(args[name])
+        elif name in kwargs:
+            picked.append(kwargs[name])
+        else:
+            raise InvalidTask(f"{what} uses argument {name!r}, which the call does not pass by keyword")
+    return picked
+
+
+def unique_key(
+    unique: Unique, task_path: str, args: Sequence[Any], kwargs: dict[str, Any], now: datetime
+) -> tuple[str, datetime | None]:
+    """The key (64 hex digits) and, with a period, when its window ends. Arguments are
+    already JSON-normalised (ox.jsoncheck), so equal calls hash equally."""
+    if unique.key is not None:
+        parts: Any = ["key", unique.key]
+    elif unique.by is None:
+        parts = ["args", list(args), kwargs]
+    else:
+        parts = ["by", _pick(args, kwargs, unique.by, "unique by=")]
+    until = None
+    if unique.period is not None:
+        window = math.floor(now.timestamp() / unique.period)
+        parts = [*parts, window]
+        until = datetime.fromtimestamp((window + 1) * unique.period, UTC)
+    text = json.dumps([task_path, parts], sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest(), until
+
+
+def limit_key(by: tuple[str | int, ...], args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    """A task's limit key from its arguments (@task(limit_by=...)): the values as compact
+    JSON, so the dashboard shows which customer or account a task waits for."""
+    values = _pick(args, kwargs, by, "limit_by=")
+    text = json.dumps(values[0] if len(values) == 1 else values, sort_keys=True, separators=(",", ":"))
+    return text if len(text) <= 200 else "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_limit_key(value: Any) -> str:
+    if not isinstance(value, str) or not value or len(value) > 200:
+        raise InvalidTask(f"limit_key must be a string of 1 to 200 characters, got {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidTask("limit_key must be valid text (it holds a lone surrogate)") from None
+    return value
+
+
+def as_by(value: Any, what: str) -> tuple[str | int, ...] | None:
+    if value is None:
+        return None
+    by = (value,) if isinstance(value, (str, int)) else tuple(value) if isinstance(value, (list, tuple)) else None
+    if not by or any(isinstance(n, bool) or not isinstance(n, (str, int)) for n in by):
+        raise InvalidTask(f"{what} takes an argument name or position, or a list of them, got {value!r}")
+    return by
+
+
+class DuplicateTask(InvalidTask):
+    """An enqueue refused because a task with the same unique key holds it (on_duplicate =
+    "raise"); .existing is that task's result."""
+
+    def __init__(self, existing: TaskResult) -> None:
+        super().__init__(f"a task with the same unique key exists: {existing.id} ({existing.status})")
+        self.existing = existing
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExistingTaskResult(TaskResult):
+    """The result an enqueue returns for a duplicate: the existing task's, marked as such."""
+
+    duplicate: bool = True
+
+
+def as_existing(result: TaskResult) -> ExistingTaskResult:
+    existing = ExistingTaskResult(**{f.name: getattr(result, f.name) for f in fields(result) if f.init})
+    object.__setattr__(existing, "_return_value", result._return_value)
+    return existing
+
+
+def is_duplicate(result: TaskResult) -> bool:
+    """Whether an enqueue answered with an existing task instead of a new one."""
+    return isinstance(result, ExistingTaskResult)

@@ -1,0 +1,148 @@
+"""Concurrency and rate limits (ox.flow.gate) with real worker subprocesses: exact across
+workers, slots freed by every way a task stops running, order kept within a key, starts
+spread by a rate, and no polling while a limit holds tasks back."""
+
+import re
+import signal
+import time
+
+import pytest
+from django.db import connection
+
+from ox import enqueue_many
+from ox.models import Status, Task
+from tests import flow_tasks as f
+from tests.helpers import wait_until
+from tests.test_durability import options
+from tests.testapp.models import Span
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def most_at_once(spans, group: str | None = None) -> int:
+    """The largest number of spans (of one group) open at the same instant."""
+    edges = []
+    for s in spans:
+        if group is None or s.group == group:
+            edges += [(s.started, 1), (s.ended, -1)]
+    edges.sort(key=lambda e: (e[0], e[1]))  # an end before a start at the same instant
+    now = peak = 0
+    for _at, step in edges:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def drained(timeout: float) -> None:
+    wait_until(lambda: not Task.objects.filter(status__in=[Status.READY, Status.RUNNING]).exists(), timeout=timeout)
+
+
+def limits(**queues) -> dict[str, str]:
+    return options(limits=queues, heartbeat=0.5, rescue_interval=0.5)
+
+
+def test_global_concurrency_is_exact_across_workers(start_worker):
+    """4 workers x 8 threads, limit 3: never more than 3 running, and 3 are used."""
+    enqueue_many(f.limited, [((f"t{i}", 0.15), {}) for i in range(60)])
+    env = limits(emails={"concurrency": 3})
+    for _ in range(4):
+        start_worker("--concurrency", "8", "--queues", "emails", env=env)
+    drained(timeout=120)
+    spans = list(Span.objects.all())
+    assert len(spans) == 60 and len({s.key for s in spans}) == 60  # each ran once
+    assert all(s.ended for s in spans)
+    assert most_at_once(spans) == 3
+
+
+def test_per_key_concurrency_keeps_order_within_a_key(start_worker):
+    calls = [((f"{k}{i:02d}", 0.05), {"account": k}) for i in range(8) for k in "abc"]
+    enqueue_many(f.per_account, calls)
+    env = limits(emails={"key_concurrency": 1})
+    for _ in range(2):
+        start_worker("--concurrency", "4", "--queues", "emails", env=env)
+    drained(timeout=120)
+    spans = list(Span.objects.all())
+    assert len(spans) == 24
+    for k in "abc":
+        assert most_at_once(spans, k) == 1
+        ordered = [s.key for s in sorted((s for s in spans if s.group == k), key=lambda s: s.started)]
+        assert ordered == [f"{k}{i:02d}" for i in range(8)]  # FIFO within the key
+    assert most_at_once(spans) >= 2  # other keys ran alongside
+
+
+def test_a_timed_out_task_frees_its_slot(start_worker):
+    """Limit 1: a task that times out gives the slot to the next one."""
+    from tests import tasks
+
+    first = tasks.times_out.using(queue_name="emails").enqueue()  # timeout 0.5 s
+    time.sleep(0.01)
+    after = enqueue_many(f.limited, [((f"n{i}", 0.01), {}) for i in range(3)])
+    start_worker("--queues", "emails", "--concurrency", "2", env=limits(emails={"concurrency": 1}))
+    drained(timeout=60)
+    assert Task.objects.get(pk=first.id).status == Status.FAILED
+    assert all(Task.objects.get(pk=r.id).status == Status.SUCCESSFUL for r in after)
+
+
+def test_a_killed_workers_slot_is_freed_by_the_rescue(start_worker):
+    """Limit 1, the slot held by a worker that is SIGKILLed mid-task: the other worker
+    rescues the task, and the slot is free again: the rescued task (first in line, it has
+    attempts left) starts its second run there."""
+    long = f.limited.enqueue("long", 60.0)
+    env = limits(emails={"concurrency": 1})
+    if connection.vendor == "sqlite":  # no liveness lock there: rescue waits for the lease
+        env = options(limits={"emails": {"concurrency": 1}}, lease=3.0, heartbeat=0.5, rescue_interval=0.5)
+    holder = start_worker("--queues", "emails", env=env)
+    wait_until(lambda: Span.objects.filter(key="long").exists(), timeout=30)
+    rest = enqueue_many(f.limited, [((f"r{i}", 0.01), {}) for i in range(3)])
+    other = start_worker("--queues", "emails", env=env)
+    time.sleep(1.0)
+    assert not Span.objects.filter(key__startswith="r").exists()  # the limit holds them back
+    holder.signal(signal.SIGKILL)
+    holder.wait(timeout=10)
+    wait_until(lambda: Span.objects.filter(key="long").count() == 2, timeout=60)
+    assert Task.objects.get(pk=long.id).attempts == 2
+    assert not Span.objects.filter(key__startswith="r").exists()  # one at a time still
+    Task.objects.filter(pk=long.id).update(cancel_requested=True)
+    wait_until(lambda: all(Task.objects.get(pk=r.id).status == Status.SUCCESSFUL for r in rest), timeout=60)
+    other.signal(signal.SIGTERM)
+
+
+def test_rate_limit_spreads_starts_and_the_worker_sleeps_until_the_next_token(start_worker):
+    """50/s for 20 s across two workers: 950-1050 starts, no second far above the rate, and
+    the workers claim about once per start (they sleep to the next token, they do not poll)."""
+    enqueue_many(f.rated, [((f"s{i}",), {}) for i in range(1500)])
+    env = limits(reports={"rate": "50/s"})
+    workers = [start_worker("--concurrency", "4", "--queues", "reports", env=env) for _ in range(2)]
+    first = wait_until(lambda: Span.objects.order_by("started").values_list("started", flat=True).first(), timeout=60)
+    time.sleep(max(0.0, first + 21.0 - time.time()))
+    for w in workers:
+        w.signal(signal.SIGTERM)
+    for w in workers:
+        assert w.wait(timeout=60) == 0
+    starts = sorted(Span.objects.values_list("started", flat=True))
+    in_window = [s for s in starts if first <= s < first + 20.0]
+    assert 950 <= len(in_window) <= 1050, len(in_window)
+    per_second = [sum(1 for s in in_window if first + i <= s < first + i + 1) for i in range(20)]
+    assert max(per_second) <= 60 and min(per_second) >= 40, per_second
+    claims = sum(int(m) for w in workers for m in re.findall(r"worker stopped .*?claims=(\d+)", w.output()))
+    assert claims <= 3 * len(starts) + 100, (claims, len(starts))
+
+
+def test_per_key_rate(start_worker):
+    """5/s per account: two accounts each start about 5 a second, together about 10."""
+    calls = [((f"{k}{i}", k), {}) for i in range(40) for k in "xy"]
+    enqueue_many(f.rated_per_account, [((key,), {"account": acct}) for (key, acct), _kw in calls])
+    env = limits(reports={"key_rate": "5/s"})
+    workers = [start_worker("--concurrency", "4", "--queues", "reports", env=env) for _ in range(2)]
+    first = wait_until(lambda: Span.objects.order_by("started").values_list("started", flat=True).first(), timeout=60)
+    time.sleep(max(0.0, first + 4.0 - time.time()))
+    for w in workers:
+        w.signal(signal.SIGTERM)
+    for w in workers:
+        w.wait(timeout=60)
+    for k in "xy":
+        starts = sorted(s for s in Span.objects.filter(group=k).values_list("started", flat=True))
+        window = [s for s in starts if first <= s < first + 4.0]
+        assert 17 <= len(window) <= 22, (k, len(window))
+        gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+        assert min(gaps) >= 0.15, (k, min(gaps))  # 0.2 s apart, less the clock's jitter
