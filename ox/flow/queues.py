@@ -3,6 +3,7 @@ what a worker reads of them. The claim itself enforces a pause (ox.sql skips pau
 in the same statement), so a pause holds from the next claim of every worker, with or
 without a listener; a resume and a change of limits NOTIFY idle workers on PostgreSQL."""
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,8 +106,6 @@ def read_states(conn: Any, names: list[str]) -> dict[str, tuple[bool, dict[str, 
     out = {}
     for name, paused, overrides in rows:
         if isinstance(overrides, str):
-            import json
-
             try:
                 overrides = json.loads(overrides)
             except ValueError:
