@@ -96,7 +96,7 @@ class Fleet:
 
 
 def _env_info(env: dict[str, str]) -> dict[str, str]:
-    return {k: env[k] for k in ("BENCH_CONN_MAX_AGE", "BENCH_POOL") if k in env}
+    return {k: env[k] for k in ("BENCH_CONN_MAX_AGE", "BENCH_POOL", "BENCH_OX_LIMITS") if k in env}
 
 
 def wait(condition: Callable[[], bool], timeout: float, poll: float, fleet: Fleet | None = None) -> bool:

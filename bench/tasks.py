@@ -53,6 +53,13 @@ def mixed() -> None:
 
 
 @task
+def keyed(account: str) -> None:
+    """A no-op with an argument: the flow-control cells (bench.flow) make their limit keys and
+    unique keys from it (ox: dataclasses.replace(keyed, limit_by=... / unique=...))."""
+    return None
+
+
+@task
 def stamp(key: int) -> None:
     """Dispatch latency: the first thing the task does is read the clock."""
     record(key, time.time())

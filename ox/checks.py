@@ -16,6 +16,7 @@ ox.E009  OPTIONS LISTEN_DATABASE names no database in DATABASES
 ox.E010  OPTIONS POOLER or LISTEN_DATABASE on a database that is not PostgreSQL
 ox.W005  POOLER "transaction" with server-side binding and a prepare_threshold: prepared statements
 ox.W006  POOLER "transaction" without DISABLE_SERVER_SIDE_CURSORS: Django's .iterator() cursors
+ox.E011  OPTIONS LIMITS names a queue that is not in the backend's QUEUES (the limit would never apply)
 """
 
 import os
@@ -115,6 +116,27 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> Messages:
                     )
                 )
     return errors
+
+
+@checks.register(checks.Tags.compatibility)
+def check_limits(app_configs: Any = None, **kwargs: Any) -> Messages:
+    """LIMITS values are checked with the other OPTIONS (ox.E001); here what they name."""
+    messages: Messages = []
+    for alias, params in _ox_backends():
+        options = _options(params)
+        if options is None:
+            continue
+        queues = set(params.get("QUEUES", []))
+        for queue in options.queue_limits():
+            if queues and queue not in queues:
+                messages.append(
+                    checks.Error(
+                        f"TASKS[{alias!r}] OPTIONS LIMITS[{queue!r}]: the queue is not in the backend's QUEUES"
+                        f" ({', '.join(sorted(queues))}); the limit would never apply.",
+                        id="ox.E011",
+                    )
+                )
+    return messages
 
 
 # Tagged "compatibility", not "database": it reads settings only, so a plain `manage.py check`

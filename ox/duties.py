@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 TICK_INTERVAL = 1.0  # seconds between looks for due ticks: a tick fires within about this
 PRUNE_POLL = 5.0  # the pruner decides itself whether a round is due (see ox.prune.Pruner)
+KEY_RATE_PRUNE = 60.0  # seconds between drops of spent per-key rate rows (ox.flow.gate)
 
 
 @dataclass
@@ -49,8 +50,19 @@ def worker_duties(worker: "Worker") -> list[Duty]:
     if age is not None:
         archiver = Archiver(age, options.archive_batch)
         duties.append(Duty("archive", archiver.poll, archiver.run))
+    if any(lim.key_rate is not None for lim in worker.flow.settings.values()):
+        # Rows of keys that have not started a task for a while: without this, one row per key
+        # ever seen. (A key rate set only at run time leaves its rows to a worker that has one
+        # in its settings, or to the next such worker: a spent row allows a start all the same.)
+        duties.append(Duty("key rates", KEY_RATE_PRUNE, _prune_key_rates))
     if options.vacuum and is_postgres(worker.conn):
         vacuumer = Vacuumer(worker.alias, options.vacuum_interval, options.vacuum_min_dead, options.pooled)
         # The vacuumer paces its own looks (it backs off while VACUUM cannot keep up).
         duties.append(Duty("vacuum", min(1.0, options.vacuum_interval), vacuumer.run, vacuumer.stop))
     return duties
+
+
+def _prune_key_rates(conn: Any, now: datetime) -> None:
+    from ox.flow.gate import prune_key_rates
+
+    prune_key_rates(conn, now.timestamp())

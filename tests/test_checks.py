@@ -22,7 +22,10 @@ def every(task="tests.tasks.echo", **extra):
 
 
 def test_valid_settings_pass_every_check():
-    options = {"SCHEDULES": {"beat": every(), "nightly": {"task": "tests.tasks.noop", "cron": "0 3 * * *"}}}
+    options = {
+        "SCHEDULES": {"beat": every(), "nightly": {"task": "tests.tasks.noop", "cron": "0 3 * * *"}},
+        "LIMITS": {"emails": {"concurrency": 2, "key_concurrency": 1, "rate": "50/s", "key_rate": "5/10s"}},
+    }
     with override_settings(TASKS=tasks_with(options), OX_METRICS_TOKEN="x" * 32):
         for check in (
             checks.check_options,
@@ -30,6 +33,7 @@ def test_valid_settings_pass_every_check():
             checks.check_database_settings,
             checks.check_worker_policy,
             checks.check_metrics_token,
+            checks.check_limits,
         ):
             assert check() == [], check.__name__
 
@@ -44,6 +48,14 @@ def test_valid_settings_pass_every_check():
         {"PRUNE": {"FAILED": "soon"}},
         {"PRUNE_BATCH": 0},
         {"HEALTH_MAX_READY_AGE": 0},
+        {"LIMITS": {"emails": {"concurrency": 0}}},
+        {"LIMITS": {"emails": {"concurrency": True}}},
+        {"LIMITS": {"emails": {"rate": "fast"}}},
+        {"LIMITS": {"emails": {"rate": "0/s"}}},
+        {"LIMITS": {"emails": {"key_rate": {"count": 5, "period": 1, "burst": 9}}}},
+        {"LIMITS": {"emails": {"speed": 1}}},
+        {"LIMITS": {"emails": 4}},
+        {"LIMITS": ["emails"]},
     ],
 )
 def test_E001_bad_options(options):
@@ -74,6 +86,13 @@ def test_E005_schedule_queue_not_in_queues():
     options = {"SCHEDULES": {"a": every(queue="nope"), "b": every("tests.tasks.other_queue")}}
     with override_settings(TASKS=tasks_with(options, QUEUES=["default"])):
         assert ids(checks.check_schedules) == ["ox.E005", "ox.E005"]  # explicit, and the task's own
+
+
+def test_E011_limits_for_a_queue_not_in_queues():
+    options = {"LIMITS": {"emails": {"concurrency": 2}, "nope": {"rate": "5/s"}}}
+    with override_settings(TASKS=tasks_with(options, QUEUES=["default", "emails"])):
+        assert ids(checks.check_limits) == ["ox.E011"]
+        assert ids(checks.check_options) == []
 
 
 def test_E006_schedule_name_declared_twice():

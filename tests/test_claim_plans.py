@@ -23,6 +23,8 @@ import pytest
 from django.db import connection, transaction
 
 from ox import clock, sql
+from ox.flow import gate
+from ox.flow.limits import QueueLimits, Rate
 from ox.models import Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -32,6 +34,7 @@ QUEUES = ["default", "emails", "reports"]
 PRIORITIES = (-10, 0, 0, 0, 10)  # three levels, most tasks at the default
 LATER = (50, 60, 60, 60, 70)  # priorities of tasks scheduled for tomorrow
 BASE_READY = 12_000
+GATED = QueueLimits(concurrency=1000, key_concurrency=2, rate=Rate(10_000, 1), key_rate=Rate(100, 1))
 # After the backlog grew fivefold, at most this many times the buffers (+ SLACK): the READY
 # index may have grown a level, which adds a page to each of a statement's dozens of probes.
 # A scan of the backlog grows fivefold.
@@ -207,6 +210,10 @@ def hot_paths(limit: int) -> dict[str, Callable[[], Any]]:
         "heartbeat": lambda: sql.heartbeat(connection, "w-plans", now),
         "rescue": lambda: sql.rescue_and_mark(connection, now),
         "attempt history": lambda: sql.attempt_history(connection, [i for i, _f, _ in keys]),
+        # Limited queues (ox.flow.gate): lock, count what runs, candidates, rates, claim.
+        "claim through the gate": lambda: gate.claim_limited(
+            connection, "w-x", {"emails": GATED, "reports": GATED}, (limit, limit), now, lease, done
+        ),
     }
 
 
@@ -217,7 +224,10 @@ def measure_all(limit: int) -> dict[str, tuple[int, list[str]]]:
         for text, params in statements_of(call):
             if text.lstrip().upper().startswith("SELECT PG_TRY_ADVISORY"):
                 continue
-            buffers, found = check_pg(name, text, params, limit)
+            # The gate reads a window of candidates past what it takes (tasks of full keys
+            # are passed over): its sorts are bounded by that window, not by `limit`.
+            bound = max(gate.WINDOW_MIN, gate.WINDOW_PER_TASK * limit) if "gate" in name else limit
+            buffers, found = check_pg(name, text, params, bound)
             total += buffers
             problems += found
         out[name] = (total, problems)

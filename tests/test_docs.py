@@ -203,10 +203,10 @@ def own_options(command: BaseCommand, name: str) -> list:
 
 
 def test_the_project_commands_are_found():
-    assert {"runworker", "ox_health", "prune_tasks", "demo_setup"} <= set(project_commands())
+    assert {"runworker", "ox_health", "prune_tasks", "demo_setup", "ox_queue"} <= set(project_commands())
 
 
-@pytest.mark.parametrize("name", ["runworker", "ox_health", "prune_tasks", "demo_setup"])
+@pytest.mark.parametrize("name", ["runworker", "ox_health", "prune_tasks", "demo_setup", "ox_queue"])
 def test_every_command_option_has_help_text_and_is_documented(name):
     command = project_commands()[name]
     assert command.help
@@ -267,6 +267,7 @@ MAKES = {
         }
     },
     "ox.E007": {"TASKS": tasks_with({"DATABASE": "replica"})},
+    "ox.E011": {"TASKS": tasks_with({"LIMITS": {"nowhere": {"concurrency": 1}}})},
     "ox.E008": {"USE_TZ": False},
     "ox.W001": {"DATABASES": {**DATABASES, "jobs": sqlite_without_wal()}, "TASKS": tasks_with({"DATABASE": "jobs"})},
     "ox.W002": {"TASKS": tasks_with({"PREFETCH": 10, "MAX_LOST": 1})},

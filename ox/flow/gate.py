@@ -217,24 +217,46 @@ def claim_limited(
         )
         if not open_names:
             return written, decision.out
-        per_kind = []
         for flag, want in enumerate(demand):
             if want > 0:
-                window = min(max(WINDOW_MIN, WINDOW_PER_TASK * want), WINDOW_MAX)
-                per_kind.append((want, _candidates(conn, open_names, flag, now, window)))
-        keyed = {(c.queue, c.limit_key) for _w, cs in per_kind for c in cs if c.limit_key is not None}
-        keyed = {p for p in keyed if limits[p[0]].key_rate is not None}
-        decision.key_tats = _key_rates(conn, keyed)
-        for want, candidates in per_kind:
-            got = 0
-            for c in candidates:
-                if got >= want:
-                    break
-                got += decision.offer(c)
+                _offer_kind(conn, decision, limits, open_names, flag, want, now)
         if decision.taken:
             decision.out.claimed = _set_running(conn, worker_id, decision.taken, lease_expires_at)
         _save_rates(conn, decision)
         return written, decision.out
+
+
+def _offer_kind(
+    conn: BaseDatabaseWrapper,
+    decision: "_Decision",
+    limits: dict[str, QueueLimits],
+    names: list[str],
+    flag: int,
+    want: int,
+    now: datetime,
+) -> None:
+    """Offer the due tasks of one kind in claim order until `want` are taken. When a key
+    limit passes over every task read and there may be more, read again a window four times
+    as long (up to WINDOW_MAX): tasks of full keys at the head of a queue do not hide the
+    others behind them, and what a claim reads stays bounded."""
+    window = min(max(WINDOW_MIN, WINDOW_PER_TASK * want), WINDOW_MAX)
+    seen: set[object] = set()
+    got = 0
+    while True:
+        candidates = _candidates(conn, names, flag, now, window)
+        fresh = [c for c in candidates if c.id not in seen]
+        pairs = {(c.queue, c.limit_key) for c in fresh if c.limit_key is not None}
+        pairs = {p for p in pairs if limits[p[0]].key_rate is not None and p not in decision.key_tats}
+        decision.key_tats.update(_key_rates(conn, pairs))
+        for c in fresh:
+            if got >= want:
+                return
+            seen.add(c.id)
+            got += decision.offer(c)
+        keys_held = any(why in (KEYS, KEY_RATE) for why in decision.out.blocked.values())
+        if got >= want or len(candidates) < window or window >= WINDOW_MAX or not keys_held:
+            return
+        window = min(window * 4, WINDOW_MAX)
 
 
 def _set_running(conn: BaseDatabaseWrapper, worker_id: str, ids: list[object], lease: datetime) -> list[sql.Claimed]:
