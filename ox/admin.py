@@ -1,5 +1,7 @@
 """Admin for the queue: tasks read-only except through the Retry and Cancel actions (the same
-ox.operations the dashboard calls), attempts inline with readable tracebacks, workers read-only.
+ox.operations the dashboard calls), attempts inline with readable tracebacks, workers read-only,
+queues read-only except through the Pause and Resume actions (ox.flow.queues, as the dashboard
+and `manage.py ox_queue` do).
 
 The task list stays cheap on a table of millions: a capped count, newest first only, filters
 and search that each read an index (no date_hierarchy, which reads the whole table for its date
@@ -19,7 +21,8 @@ from django.utils.html import format_html, format_html_join
 
 from ox import operations
 from ox.archive import attempts_of
-from ox.models import ArchivedTask, Attempt, Task, Worker
+from ox.flow import queues
+from ox.models import ArchivedTask, Attempt, QueueState, Task, Worker
 from ox.operations import Changed
 from ox.paging import CappedPaginator
 from ox.stats import ANY_STATUS, ID_CLOCK_SLACK, configured_queues, id_floor
@@ -233,3 +236,53 @@ class WorkerAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+@admin.register(QueueState)
+class QueueStateAdmin(admin.ModelAdmin):
+    """ox_queue: seen and paused under the Task permissions (ox.view_task, ox.change_task), as
+    the dashboard's Queues page does, so who may pause a queue is one rule in both places.
+    Rows are never edited here: a save would bypass set_limits()' checks and the NOTIFY that
+    wakes idle workers, and a deleted row is a lost pause. Limits are overridden from the
+    dashboard or `manage.py ox_queue limits`."""
+
+    list_display = ("name", "paused", "overrides", "updated_at", "updated_by")
+    list_filter = ("paused",)
+    ordering = ("name",)
+    actions = ["pause_queues", "resume_queues"]
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("ox.view_task") or self.has_pause_permission(request)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("ox.change_task")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def _each(self, request: HttpRequest, queryset: QuerySet[QueueState], pause: bool) -> None:
+        # One call per queue through ox.flow.queues (row lock, updated_by, NOTIFY on commit),
+        # never queryset.update(), which would skip all three.
+        names = list(queryset.order_by("name").values_list("name", flat=True))
+        act = queues.pause if pause else queues.resume
+        for name in names:
+            act(name, by=request.user.get_username())
+        done = "paused" if pause else "resumed"
+        self.message_user(request, f"{len(names)} {done}: {', '.join(names)}.", messages.SUCCESS)
+
+    @admin.action(description="Pause selected queues", permissions=["pause"])
+    def pause_queues(self, request: HttpRequest, queryset: QuerySet[QueueState]) -> None:
+        self._each(request, queryset, pause=True)
+
+    @admin.action(description="Resume selected queues", permissions=["pause"])
+    def resume_queues(self, request: HttpRequest, queryset: QuerySet[QueueState]) -> None:
+        self._each(request, queryset, pause=False)

@@ -71,3 +71,10 @@ def unique_fails(n: int) -> None:
 @task(unique=True)
 def unique_sleep(key: str, seconds: float) -> str:
     return _span(key, "", seconds)
+
+
+@task(unique=True, max_attempts=2, takes_context=True)
+def unique_fails_once(context, n: int) -> int:
+    if context.attempt == 1:
+        raise ValueError("first attempt fails")
+    return n

@@ -212,6 +212,9 @@ def test_every_command_option_has_help_text_and_is_documented(name):
     assert command.help
     docs = README + DEPLOYMENT
     for action in own_options(command, name):
+        if not action.option_strings:  # a positional: its help is in `manage.py help NAME`
+            assert action.help, f"{name} {action.dest} has no help text"
+            continue
         flag = max(action.option_strings, key=len)
         assert action.help, f"{name} {flag} has no help text"
         assert flag in docs, f"{name} {flag} is not in README.md or docs/deployment.md"

@@ -146,3 +146,32 @@ def test_per_key_rate(start_worker):
         assert 17 <= len(window) <= 22, (k, len(window))
         gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
         assert min(gaps) >= 0.15, (k, min(gaps))  # 0.2 s apart, less the clock's jitter
+
+
+def test_a_worker_with_limited_and_unlimited_queues_serves_both(start_worker):
+    """emails limited to 1 at a time, default unlimited, one worker of 4 threads serving both:
+    the limited queue runs one at a time while the unlimited one fills the other slots."""
+    enqueue_many(f.limited, [((f"e{i}", 0.2), {}) for i in range(6)])
+    enqueue_many(f.limited.using(queue_name="default"), [((f"d{i}", 0.2), {}) for i in range(12)])
+    start_worker("--concurrency", "4", "--queues", "emails,default", env=limits(emails={"concurrency": 1}))
+    drained(timeout=60)
+    spans = list(Span.objects.all())
+    emails = [s for s in spans if s.key.startswith("e")]
+    assert len(spans) == 18 and most_at_once(emails) == 1
+    assert most_at_once(spans) >= 3  # default's tasks ran beside the one emails task
+
+
+def test_a_key_rate_in_the_settings_gives_the_worker_the_pruning_duty():
+    from types import SimpleNamespace
+
+    from ox.backend import OxBackend
+    from ox.duties import worker_duties
+    from ox.flow.limits import parse_limits
+    from ox.flow.watch import FlowWatch
+
+    backend = OxBackend("t", {"QUEUES": ["sms"], "OPTIONS": {"ARCHIVE_AFTER": None, "VACUUM": False}})
+    fake = SimpleNamespace(options=backend.config, backend=backend, conn=connection, alias="default")
+    fake.flow = FlowWatch({"sms": parse_limits({"key_rate": "5/s"})}, ["sms"])
+    assert "key rates" in [d.name for d in worker_duties(fake)]
+    fake.flow = FlowWatch({"sms": parse_limits({"rate": "5/s"})}, ["sms"])
+    assert "key rates" not in [d.name for d in worker_duties(fake)]

@@ -213,3 +213,66 @@ def test_eight_processes_enqueue_the_same_keys_at_once():
         fresh += sum(1 for _id, dup in answer if dup == "0")
     assert fresh == 50  # each key was inserted by exactly one producer
     assert connection.vendor in ("sqlite", "postgresql")
+
+
+def test_a_duplicate_sends_no_task_enqueued_signal():
+    from django.tasks.signals import task_enqueued
+
+    seen = []
+
+    def receiver(sender, task_result, **kwargs):
+        seen.append(task_result.id)
+
+    task_enqueued.connect(receiver)
+    try:
+        a = f.unique_all.enqueue(21)
+        f.unique_all.enqueue(21)
+    finally:
+        task_enqueued.disconnect(receiver)
+    assert seen == [a.id]
+
+
+def test_a_task_waiting_for_its_retry_keeps_its_key(start_worker):
+    """RUNNING back to READY (a retry after a failed attempt) never leaves the unique index."""
+    a = f.unique_fails_once.using(priority=0).enqueue(5)
+    worker = start_worker(env={"OX_TEST_OPTIONS": '{"BACKOFF_BASE": 30, "BACKOFF_MAX": 30}'})
+    wait_until(lambda: Task.objects.get(pk=a.id).attempts == 1 and Task.objects.get(pk=a.id).status == "READY")
+    b = f.unique_fails_once.enqueue(5)
+    assert b.id == a.id and is_duplicate(b)
+    worker.signal(15)
+
+
+def test_pruning_frees_a_held_key_and_the_archiver_keeps_held_rows(start_worker):
+    from datetime import timedelta
+
+    from django.db import connection
+
+    from ox import clock
+    from ox.archive import archive
+    from ox.prune import prune
+
+    a = f.unique_ever.enqueue(n=9)
+    plain = f.unique_all.enqueue(9)
+    assert start_worker("--batch").wait(timeout=60) == 0
+    later = clock.db_now(connection) + timedelta(hours=1)
+    moved = archive(connection, timedelta(0), later)
+    # unique_all's finished row does not hold its key (READY and RUNNING only): archived.
+    # unique_ever's SUCCESSFUL row holds its key: it stays in ox_task.
+    assert moved.total == 1
+    assert Task.objects.filter(pk=a.id).exists() and not Task.objects.filter(pk=plain.id).exists()
+    assert f.unique_ever.enqueue(n=9).id == a.id
+    prune(connection, {"SUCCESSFUL": timedelta(0)}, later)
+    assert not Task.objects.filter(pk=a.id).exists()
+    fresh = f.unique_ever.enqueue(n=9)
+    assert fresh.id != a.id and not is_duplicate(fresh)
+
+
+def test_aenqueue_of_a_duplicate():
+    from asgiref.sync import async_to_sync
+
+    async def go():
+        return await f.unique_all.aenqueue(31), await f.unique_all.aenqueue(31)
+
+    a, b = async_to_sync(go)()
+    assert b.id == a.id and is_duplicate(b) and not is_duplicate(a)
+    assert len(rows(f.unique_all)) == 1

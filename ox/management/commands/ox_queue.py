@@ -17,7 +17,9 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", choices=["pause", "resume", "status", "limits"])
+        parser.add_argument(
+            "action", choices=["pause", "resume", "status", "limits"], help="What to do (see the command's help)."
+        )
         parser.add_argument("names", nargs="*", help="Queue name(s); for limits: NAME then field=value pairs.")
         parser.add_argument("--json", action="store_true", help="status: one JSON document.")
         parser.add_argument("--reset", action="store_true", help="limits: drop the run-time overrides.")
