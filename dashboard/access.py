@@ -2,8 +2,9 @@
 
 Task data (arguments, return values, tracebacks) is for those the admin would show it to:
 viewing any page or partial needs an active staff account with ox.view_task (or ox.change_task,
-which the admin counts as view too); retry and cancel need ox.change_task, the same permission
-the admin's actions check. Actions are POST only (CSRF-checked by the middleware).
+which the admin counts as view too); retry and cancel, and pausing, resuming and limiting a
+queue, need ox.change_task, the same permission the admin's actions check (ox.admin's queue
+actions included). Actions are POST only (CSRF-checked by the middleware).
 """
 
 from collections.abc import Callable
@@ -69,7 +70,7 @@ def change_task_required(view: View) -> View:
     @wraps(view)
     def wrapped(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
         if not can_change_tasks(request):
-            raise PermissionDenied("Retry and cancel need the ox.change_task permission.")
+            raise PermissionDenied("Acting on tasks and queues needs the ox.change_task permission.")
         return view(request, *args, **kwargs)
 
     return wrapped

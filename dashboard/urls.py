@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard.views import actions, benchmarks, health, overview, running, tasks, workers
+from dashboard.views import actions, benchmarks, health, overview, queues, running, tasks, workers
 
 app_name = "dashboard"
 urlpatterns = [
@@ -11,6 +11,11 @@ urlpatterns = [
     path("tasks/<uuid:pk>/", tasks.task_detail, name="task"),
     path("tasks/<uuid:pk>/retry/", actions.act_on_task, {"action": "retry"}, name="retry"),
     path("tasks/<uuid:pk>/cancel/", actions.act_on_task, {"action": "cancel"}, name="cancel"),
+    path("queues/", queues.queue_list, name="queues"),
+    # The queue's name is a POST field, not a path segment: any name a queue may have fits.
+    path("queues/pause/", queues.pause_or_resume, {"action": "pause"}, name="pause"),
+    path("queues/resume/", queues.pause_or_resume, {"action": "resume"}, name="resume"),
+    path("queues/limit/", queues.limit, name="limit"),
     path("running/", running.running, name="running"),
     path("workers/", workers.workers, name="workers"),
     path("health/", health.health, name="health"),

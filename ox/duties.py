@@ -50,7 +50,7 @@ def worker_duties(worker: "Worker") -> list[Duty]:
     if age is not None:
         archiver = Archiver(age, options.archive_batch)
         duties.append(Duty("archive", archiver.poll, archiver.run))
-    if any(lim.key_rate is not None for lim in worker.flow.settings.values()):
+    if any(lim.key_rate is not None for lim in options.queue_limits().values()):
         # Rows of keys that have not started a task for a while: without this, one row per key
         # ever seen. (A key rate set only at run time leaves its rows to a worker that has one
         # in its settings, or to the next such worker: a spent row allows a start all the same.)

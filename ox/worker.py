@@ -215,12 +215,20 @@ class Worker:
             if self._due_waiting():
                 self.more_waiting = True
                 return False
-            return True
+            # Due tasks a limit holds back (another worker runs the queue's slots): wait for
+            # them at the poll, without claiming in a loop.
+            return not self._due_waiting(held_back=True)
         return False
 
-    def _due_waiting(self) -> bool:
+    def _due_waiting(self, held_back: bool = False) -> bool:
+        """Whether due tasks wait in the queues no limit holds back (held_back: in those a
+        limit holds back)."""
+        blocked = self.flow.blocked
+        queues = [q for q in self.settings.queues if (q in blocked) == held_back]
+        if not queues:
+            return False
         try:
-            earliest = sql.earliest_ready(self.conn, self.settings.queues)
+            earliest = sql.earliest_ready(self.conn, queues, gate=True)
         except DatabaseError:
             return True  # cannot tell: carry on (the loop reconnects)
         return earliest is not None and earliest <= clock.db_now(self.conn)

@@ -133,7 +133,8 @@ def test_sqlite_batch_statements_search_indexes():
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
         for statement in batch_sql(connection):
-            cursor.execute("EXPLAIN QUERY PLAN " + statement, ["SUCCESSFUL", clock.db_now(connection), 10])
+            now = clock.db_now(connection)
+            cursor.execute("EXPLAIN QUERY PLAN " + statement, ["SUCCESSFUL", now, now, 10])
             plan = [row[-1] for row in cursor.fetchall()]
             assert not [step for step in plan if step.startswith("SCAN ox_task")], plan
             assert any("ox_task_status_finished" in step for step in plan), plan

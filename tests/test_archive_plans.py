@@ -105,7 +105,7 @@ def index_reads(plan: dict) -> set[str]:
 
 def batch_plan() -> dict:
     cutoff = clock.db_now(connection)  # everything finished in ox_task is due
-    return explain(batch_sql(connection)[0], ["SUCCESSFUL", cutoff, BATCH])
+    return explain(batch_sql(connection)[0], ["SUCCESSFUL", cutoff, cutoff, BATCH])
 
 
 def page_queries(client, path: str, params: dict) -> list[str]:

@@ -157,3 +157,14 @@ def test_a_refused_completion_rolls_the_whole_gate_back():
     good = [sql.Completion(c.id, c.fence, "1", now, now) for c in first.claimed]
     written, gated = gate.claim_limited(connection, "w-test", lim, (2, 0), now, now + timedelta(seconds=30), good)
     assert len(written) == 2 and len(gated.claimed) == 1
+
+
+def test_a_rate_prints_as_text_that_parses_back():
+    for rate in (Rate(50, 1.0), Rate(5, 1.0, 2), Rate(5, 10.0), Rate(3, 60.0, 3), Rate(7, 2.5), Rate(10, 3600.0)):
+        assert parse_rate(str(rate)) == rate
+    # An override with a burst round-trips through ox_queue and stays in force.
+    queues.set_limits("emails", {"rate": {"count": 5, "period": 1, "burst": 2}})
+    from ox.flow.waiting import queue_flows
+
+    flow = next(x for x in queue_flows(["emails"]) if x.name == "emails")
+    assert flow.limits.rate == Rate(5, 1.0, 2)

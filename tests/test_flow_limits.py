@@ -166,14 +166,30 @@ def test_a_worker_with_limited_and_unlimited_queues_serves_both(start_worker):
 def test_a_key_rate_in_the_settings_gives_the_worker_the_pruning_duty():
     from types import SimpleNamespace
 
-    from ox.backend import OxBackend
+    from ox.conf import OxOptions
     from ox.duties import worker_duties
-    from ox.flow.limits import parse_limits
-    from ox.flow.watch import FlowWatch
 
-    backend = OxBackend("t", {"QUEUES": ["sms"], "OPTIONS": {"ARCHIVE_AFTER": None, "VACUUM": False}})
-    fake = SimpleNamespace(options=backend.config, backend=backend, conn=connection, alias="default")
-    fake.flow = FlowWatch({"sms": parse_limits({"key_rate": "5/s"})}, ["sms"])
-    assert "key rates" in [d.name for d in worker_duties(fake)]
-    fake.flow = FlowWatch({"sms": parse_limits({"rate": "5/s"})}, ["sms"])
-    assert "key rates" not in [d.name for d in worker_duties(fake)]
+    def duties(limits):
+        options = OxOptions.from_dict({"LIMITS": limits, "ARCHIVE_AFTER": None, "VACUUM": False})
+        worker = SimpleNamespace(options=options, conn=connection, alias="default", backend=None)
+        return [d.name for d in worker_duties(worker)]
+
+    assert "key rates" in duties({"sms": {"key_rate": "5/s"}})
+    assert "key rates" not in duties({"sms": {"rate": "5/s"}})
+
+
+def test_a_batch_worker_waits_for_a_held_back_queue_without_spinning(start_worker):
+    """runworker --batch on a queue whose one slot another worker holds: it neither exits
+    while due tasks wait nor claims in a loop; it finishes them once the slot frees."""
+    long = f.limited.enqueue("holder", 4.0)
+    env = limits(emails={"concurrency": 1})
+    holder = start_worker("--queues", "emails", "--max-tasks", "1", env=env)
+    wait_until(lambda: Span.objects.filter(key="holder").exists(), timeout=30)
+    enqueue_many(f.limited, [((f"b{i}", 0.01), {}) for i in range(3)])
+    batch = start_worker("--queues", "emails", "--batch", "--concurrency", "2", env=env)
+    assert batch.wait(timeout=60) == 0
+    assert Task.objects.get(pk=long.id).status == Status.SUCCESSFUL
+    assert Task.objects.filter(status=Status.SUCCESSFUL).count() == 4
+    claims = int(re.search(r"worker stopped .*?claims=(\d+)", batch.output()).group(1))
+    assert claims < 40, claims  # about one a poll interval while held back, not thousands
+    holder.wait(timeout=30)

@@ -13,7 +13,7 @@ from dashboard.access import can_change_tasks, change_task_required, view_task_r
 from dashboard.queue_forms import LimitForm, initial_for
 from dashboard.rendering import render_page
 from ox.flow import queues
-from ox.flow.limits import LIMIT_FIELDS, QueueLimits, Rate
+from ox.flow.limits import LIMIT_FIELDS, QueueLimits, Rate, merged
 from ox.flow.waiting import QueueFlow, queue_flows, settings_limits
 from ox.models import QueueState
 from ox.stats import configured_queues
@@ -62,6 +62,9 @@ def _rows(bound: LimitForm | None = None) -> list[QueueRow]:
         form = bound if mine else LimitForm(initial=initial_for(flow.name, flow.view.overrides), auto_id=auto_id)
         if mine:
             form.auto_id = auto_id
+        for name in LIMIT_FIELDS:
+            # An empty field means "the settings' value": show that value in it.
+            form.fields[name].widget.attrs["placeholder"] = _text(getattr(flow.view.settings, name)) or "no limit"
         limits = limit_rows(flow.limits, flow.view.settings, flow.view.overrides)
         rows.append(QueueRow(flow, limits, form, states.get(flow.name)))
     return rows
@@ -123,15 +126,15 @@ def limit(request: HttpRequest) -> HttpResponse:
     else:
         return _page(request, form, status=400)
     try:
-        queues.set_limits(name, overrides, by=_by(request))
+        state = queues.set_limits(name, overrides, by=_by(request))
     except ValueError as exc:
         # set_limits checks every field before it writes: nothing changed.
-        form.is_valid()
+        form.is_valid()  # add_error needs cleaned_data (the reset path did not validate)
         form.add_error(None, str(exc))
         return _page(request, form, status=400)
-    flow = next(f for f in queue_flows([name]) if f.name == name)
+    now = merged(settings_limits().get(name, QueueLimits()), state.overrides).describe()
     if overrides:
-        messages.success(request, f"{name}: limits now {flow.limits.describe()}")
+        messages.success(request, f"{name}: limits now {now}")
     else:
-        messages.success(request, f"{name}: limits back to the settings ({flow.limits.describe()})")
+        messages.success(request, f"{name}: limits back to the settings ({now})")
     return HttpResponseRedirect(reverse("dashboard:queues"))

@@ -7,6 +7,7 @@ from dashboard.filters import TaskFilter
 from dashboard.rendering import render_page
 from dashboard.timeline import attempt_rows, events
 from ox import stats
+from ox.flow.waiting import why_waiting
 from ox.models import FINISHED, ArchivedTask, Status, Task
 from ox.operations import RETRYABLE
 from ox.paging import COUNT_CAP, CappedPaginator, NewestFirst
@@ -69,5 +70,7 @@ def task_detail(request: HttpRequest, pk: str) -> HttpResponse:
         "can_retry": task.status in RETRYABLE,
         "can_cancel": task.status in (Status.READY, Status.RUNNING) and not task.cancel_requested,
         "can_change": can_change_tasks(request),
+        # Only a READY task waits; the others cost no query here (an archived row is never READY).
+        "waiting": why_waiting(task) if task.status == Status.READY else None,
     }
     return render_page(request, "dashboard/task_detail.html", context, "live")

@@ -15,7 +15,8 @@ from typing import Any
 
 from ox.durations import UNITS
 
-_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*([smhd])\s*$")
+# "50/s", "5/10s", and the text Rate prints back: "5/s (burst 2)".
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*([smhd])\s*(?:\(\s*burst\s+(\d+)\s*\))?\s*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,7 @@ def parse_rate(value: Any) -> Rate | None:
         return value
     if isinstance(value, str) and (m := _RATE.match(value.lower())):
         count, multiple, unit = int(m.group(1)), float(m.group(2) or 1), m.group(3)
-        return _checked(Rate(count, multiple * UNITS[unit]))
+        return _checked(Rate(count, multiple * UNITS[unit], int(m.group(4) or 1)))
     if isinstance(value, dict) and set(value) <= {"count", "period", "burst"} and {"count", "period"} <= set(value):
         count, period, burst = value["count"], value["period"], value.get("burst", 1)
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (count, period, burst)):
