@@ -104,7 +104,11 @@ class Claims:
             w.next_poll = time.monotonic() + w.poll_interval
         elif not w.more_waiting:
             self._schedule_poll()
-            if not probe_only:
+            # Held back by a limit (ox.flow), the worker does not mark itself waiting: new
+            # tasks would not change what the limit allows, and every enqueue would notify
+            # it for a claim the limit refuses. It looks again at its poll, or when one of
+            # its own tasks of the queue finishes.
+            if not probe_only and not w.flow.blocked:
                 w.idle.after_claim()
 
     def _claim_rows(

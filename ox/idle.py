@@ -66,7 +66,8 @@ class IdleMark:
         then a worker busy with sync tasks is cleared, and an async task enqueued meanwhile
         waits for its async probe (POLL_INTERVAL)."""
         w = self.w
-        waiting = not w.more_waiting and max(w.claims.limits()) > 0
+        # A worker a limit holds back (ox.flow) is not waiting for enqueues: unmark it.
+        waiting = not w.more_waiting and max(w.claims.limits()) > 0 and not w.flow.blocked
         clear = self.marked and not self.short_since_heartbeat and not waiting
         self.short_since_heartbeat = False
         if clear:

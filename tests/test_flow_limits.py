@@ -193,3 +193,28 @@ def test_a_batch_worker_waits_for_a_held_back_queue_without_spinning(start_worke
     claims = int(re.search(r"worker stopped .*?claims=(\d+)", batch.output()).group(1))
     assert claims < 40, claims  # about one a poll interval while held back, not thousands
     holder.wait(timeout=30)
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_a_held_back_worker_is_not_woken_by_every_enqueue(start_worker):
+    """The queue's one slot is another worker's: the waiting worker unmarks itself (ox.idle),
+    so 100 enqueues one by one notify no one and it makes about one claim a poll interval."""
+    from ox.models import Worker
+
+    f.limited.enqueue("holder", 6.0)
+    env = limits(emails={"concurrency": 1})
+    holder = start_worker("--queues", "emails", "--max-tasks", "1", env=env)
+    wait_until(lambda: Span.objects.filter(key="holder").exists(), timeout=30)
+    f.limited.enqueue("first", 0.01)
+    waiting = start_worker("--queues", "emails", env=env)
+    wait_until(lambda: Worker.objects.filter(pid=waiting.pid).exists(), timeout=30)
+    time.sleep(1.5)  # two heartbeats (0.5 s): a mark from its first look is gone
+    assert Worker.objects.get(pid=waiting.pid).idle_since is None
+    for i in range(100):
+        f.limited.enqueue(f"n{i}", 0.0)
+        time.sleep(0.01)
+    waiting.signal(signal.SIGTERM)
+    waiting.wait(timeout=30)
+    claims = int(re.search(r"worker stopped .*?claims=(\d+)", waiting.output()).group(1))
+    assert claims < 15, claims  # one a poll interval (1 s) and a few at start, not one per enqueue
+    holder.wait(timeout=30)
