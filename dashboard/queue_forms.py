@@ -8,7 +8,7 @@ from typing import Any
 
 from django import forms
 
-from ox.flow.limits import LIMIT_FIELDS
+from ox.flow.limits import LIMIT_FIELDS, parse_rate
 
 NONE_WORDS = frozenset({"none", "null"})
 COUNT_FIELDS = ("concurrency", "key_concurrency")
@@ -53,5 +53,15 @@ def initial_for(name: str, overrides: dict[str, Any]) -> dict[str, str]:
     for field in LIMIT_FIELDS:
         if field in overrides:
             value = overrides[field]
-            initial[field] = "none" if value is None else str(value)
+            initial[field] = "none" if value is None else _as_text(field, value)
     return initial
+
+
+def _as_text(field: str, value: Any) -> str:
+    """Rates are stored exactly (a dict); the form shows the text that parses back."""
+    if field in COUNT_FIELDS:
+        return str(value)
+    try:
+        return str(parse_rate(value))
+    except ValueError:
+        return str(value)

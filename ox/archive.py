@@ -72,16 +72,23 @@ def _lock(cursor: Any, wait: bool) -> bool:
 FINISHED_TERM = "status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')"
 
 
+# A finished row that holds its unique key: its status is one its unique_states keep, and
+# its period's window (if any) has not ended by the cutoff. ox.models.UNIQUE_HELD, finished part.
+HOLDS_KEY = (
+    "unique_key IS NOT NULL AND (unique_until IS NULL OR unique_until >= %s)"
+    " AND ((status = 'SUCCESSFUL' AND unique_states IN (1, 3, 5, 7))"
+    " OR (status = 'FAILED' AND unique_states IN (2, 3, 6, 7))"
+    " OR (status = 'CANCELLED' AND unique_states IN (4, 5, 6, 7)))"
+)
+
+
 def batch_sql(conn: BaseDatabaseWrapper) -> list[str]:
     """The statements of one batch; parameters: status, cutoff, cutoff, limit (each
     statement). A row that still holds its unique key (ox.flow.unique: a finished status its
     unique_states keep, in a window not yet over) stays: the archive has no unique index, so
     moving it would free the key."""
     cols = columns(conn)
-    due = (
-        f"{FINISHED_TERM} AND status = %s AND finished_at < %s"
-        " AND (unique_key IS NULL OR unique_states = 0 OR unique_until < %s)"
-    )
+    due = f"{FINISHED_TERM} AND status = %s AND finished_at < %s AND NOT ({HOLDS_KEY})"
     if sql.is_postgres(conn):
         # The picked rows are locked by the subquery, so the DELETE removes exactly those, and a
         # row whose status changed since the statement's snapshot (a retry that committed) is

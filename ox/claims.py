@@ -46,7 +46,10 @@ class Claims:
         Async tasks are looked for once seen, or once a poll interval (probe=False: the room
         for them whatever the probe says)."""
         w = self.w
-        extra = 0 if w.prefetch_hold else w.prefetch.size()
+        # A worker whose queues go through the gate (ox.flow) claims for free slots only: a
+        # prefetched task would hold a limited slot without running, and asking the gate for
+        # room it will not give is a claim (and a probe) for nothing while the slots are busy.
+        extra = 0 if w.prefetch_hold or w.flow.limits else w.prefetch.size()
         limits = []
         for is_async, slots in ((False, w.settings.concurrency), (True, w.settings.async_concurrency)):
             busy = self.busy(is_async)
@@ -139,7 +142,11 @@ class Claims:
             flow.saw(looked, gated)
             claimed = gated.claimed
             got_async = sum(1 for c in claimed if c.is_async)
-            filled = max(demand) > 0 and (len(claimed) - got_async >= demand[0] and got_async >= demand[1])
+            # As for the unlimited claim: a kind that got all it asked for may have more
+            # waiting, so claim again as soon as a slot frees.
+            filled = (demand[0] > 0 and len(claimed) - got_async >= demand[0]) or (
+                demand[1] > 0 and got_async >= demand[1]
+            )
             limits = (max(limits[0] - (len(claimed) - got_async), 0), max(limits[1] - got_async, 0))
         queues = flow.unlimited
         if queues:

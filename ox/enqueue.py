@@ -63,14 +63,14 @@ def with_flow(task: DjangoTask, row: sql.NewTask, now: datetime) -> sql.NewTask:
     """The row's flow-control columns (ox.flow): its unique key and its limit key."""
     unique = getattr(task, "unique", None)
     if unique is not None:
-        row.unique_key, row.unique_until = unique_key(unique, row.task_path, row.args, row.kwargs, now)
+        row.unique_key, row.unique_until = unique_key(unique, task, row.args, row.kwargs, now)
         row.unique_states = unique.hold_bits
     explicit = getattr(task, "limit_key", None)
     by = getattr(task, "limit_by", None)
     if explicit is not None:
         row.limit_key = explicit
     elif by is not None:
-        row.limit_key = limit_key(by, row.args, row.kwargs)
+        row.limit_key = limit_key(task, by, row.args, row.kwargs)
     return row
 
 

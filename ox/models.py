@@ -152,6 +152,18 @@ class Task(TaskBase):
             # The gate's count of what runs per queue and per limit key (ox.flow.gate): as
             # small as the RUNNING set. A claim adds one entry; nothing else writes it.
             models.Index(fields=["queue", "limit_key"], name="ox_task_running_queue", condition=Q(status="RUNNING")),
+            # The gate's walk past full keys (ox.flow.keywalk): a queue's keys in order, and each
+            # key's first task in claim order. Only READY tasks with a limit key are in it.
+            models.Index(
+                "queue",
+                "limit_key",
+                "is_async",
+                F("priority").desc(),
+                "run_after",
+                "id",
+                name="ox_task_ready_key",
+                condition=Q(status="READY", limit_key__isnull=False),
+            ),
         ]
         constraints = [
             # Unique tasks (ox.flow.unique): a key is held while READY or RUNNING, and in a

@@ -99,7 +99,9 @@ def _reopen(qs: QuerySet[Task], now: Any) -> tuple[int, int]:
         for pk in of_path.filter(unique_key__isnull=False).values_list("pk", flat=True).order_by("pk"):
             try:
                 with transaction.atomic(using=qs.db):
-                    reopened += Task.objects.using(qs.db).filter(pk=pk).update(**changes, max_attempts=budget)
+                    # The status again: the row may have been retried and claimed meanwhile.
+                    one = Task.objects.using(qs.db).filter(pk=pk, status__in=RETRYABLE)
+                    reopened += one.update(**changes, max_attempts=budget)
             except IntegrityError:
                 duplicates += 1
     return reopened, duplicates

@@ -1,5 +1,7 @@
 """Adversarial tests of flow control (unique tasks, the gate's limits, pause). Each test
-fails today because of the bug its docstring names."""
+failed, when written, because of the bug its docstring names. Five of them (the two
+--batch spin tests and the three burst-override tests) pass since commit ce05084 fixed
+those bugs; they stay as regression tests."""
 
 import re
 import signal
@@ -117,8 +119,6 @@ def test_gate_under_repeatable_read_never_exceeds_the_concurrency_limit():
     running and claims it: 2 RUNNING under concurrency 1."""
     if connection.vendor != "postgresql":
         pytest.skip("isolation levels are PostgreSQL's")
-    from psycopg import IsolationLevel
-
     from ox.connection import open_worker_connection
     from ox.flow.gate import claim_limited
     from ox.flow.limits import QueueLimits
@@ -130,12 +130,11 @@ def test_gate_under_repeatable_read_never_exceeds_the_concurrency_limit():
     # Both rows exist up front (the gate inserts them ON CONFLICT DO NOTHING).
     with connection.cursor() as c:
         c.execute(
-            "INSERT INTO ox_queue (name, paused, overrides, limited, updated_by) VALUES ('emails', false, '{}', false, '')"
-            " ON CONFLICT DO NOTHING"
+            "INSERT INTO ox_queue (name, paused, overrides, limited, updated_by)"
+            " VALUES ('emails', false, '{}', false, '') ON CONFLICT DO NOTHING"
         )
 
     a = open_worker_connection(connection.alias)
-    b_conn = connections_rr()
     try:
         a.connection.autocommit = True
         with a.cursor() as cur:
@@ -144,9 +143,13 @@ def test_gate_under_repeatable_read_never_exceeds_the_concurrency_limit():
         result = {}
 
         def gate_b():
-            now = clock.db_now(b_conn)
-            result["b"] = claim_limited(b_conn, "b", limits, (0, 1), now, now + timedelta(seconds=60))
-            b_conn.close()
+            try:
+                b_conn = connections_rr()
+                now = clock.db_now(b_conn)
+                result["b"] = claim_limited(b_conn, "b", limits, (0, 1), now, now + timedelta(seconds=60))
+                b_conn.close()
+            except Exception as exc:  # noqa: BLE001
+                result["error"] = exc
 
         t = threading.Thread(target=gate_b)
         t.start()
@@ -160,27 +163,22 @@ def test_gate_under_repeatable_read_never_exceeds_the_concurrency_limit():
             cur.execute("COMMIT")
         t.join(timeout=30)
         assert not t.is_alive()
+        assert "error" not in result, result
     finally:
         a.close()
     running = Task.objects.filter(queue="emails", status=Status.RUNNING).count()
     assert running <= 1, f"{running} RUNNING in a queue limited to 1"
-    del IsolationLevel
 
 
 def connections_rr():
-    """A worker connection of a database configured for REPEATABLE READ."""
-    from django.db import connections
-    from psycopg import IsolationLevel
-
+    """A worker connection to a server whose default isolation is REPEATABLE READ (ALTER
+    DATABASE/ROLE ... SET default_transaction_isolation), as the worker's raw BEGIN gets it."""
     from ox.connection import open_worker_connection
 
-    settings = connections[connection.alias].settings_dict
-    saved = dict(settings.get("OPTIONS", {}))
-    settings.setdefault("OPTIONS", {})["isolation_level"] = IsolationLevel.REPEATABLE_READ
-    try:
-        return open_worker_connection(connection.alias)
-    finally:
-        settings["OPTIONS"] = saved
+    conn = open_worker_connection(connection.alias)
+    with conn.cursor() as cur:
+        cur.execute("SET default_transaction_isolation = 'repeatable read'")
+    return conn
 
 
 def test_gate_takes_a_free_key_behind_more_than_a_window_of_a_full_key():
@@ -201,4 +199,229 @@ def test_gate_takes_a_free_key_behind_more_than_a_window_of_a_full_key():
     limits = {"emails": QueueLimits(key_concurrency=1)}
     now = clock.db_now(connection) + timedelta(seconds=1)
     _written, gated = claim_limited(connection, "w", limits, (4, 0), now, now + timedelta(minutes=5))
-    assert [str(c.id) for c in gated.claimed] == [str(other.id)], "the free key's task was hidden behind the full key's backlog"
+    assert [str(c.id) for c in gated.claimed] == [str(other.id)], (
+        "the free key's task was hidden behind the full key's backlog"
+    )
+
+
+def test_raising_a_rate_at_run_time_takes_effect_without_waiting_out_the_old_schedule():
+    """Promise: run-time overrides of a queue's limits are in force within a second; a rate
+    of N/s gives N starts per second. Broken: the queue's GCRA schedule (ox_queue.rate_tat)
+    is stored as an absolute time computed with the old rate's interval. After one start at
+    1/h, raising the rate to 100/s (ox_queue --rate, the dashboard) claims nothing: the
+    stored tat is an hour ahead, and take() refuses until then, so the queue stays shut for
+    up to the old interval (a week, for a 1/7d rate)."""
+    from ox.flow.gate import claim_limited
+    from ox.flow.limits import QueueLimits, parse_rate
+
+    enqueue_many(f.rated, [((f"r{i}",), {}) for i in range(5)])
+    now = clock.db_now(connection) + timedelta(seconds=1)
+    lease = now + timedelta(minutes=5)
+    slow = {"reports": QueueLimits(rate=parse_rate("1/h"))}
+    _w, first = claim_limited(connection, "w", slow, (1, 0), now, lease)
+    assert len(first.claimed) == 1
+    # Raised at run time (the dashboard, ox_queue limits): set_limits starts the schedule
+    # afresh. (Review fix: the test passed the new limits to the gate without the override.)
+    from ox.flow import queues
+
+    queues.set_limits("reports", {"rate": "100/s"})
+    fast = {"reports": QueueLimits(rate=parse_rate("100/s"))}
+    later = now + timedelta(seconds=2)
+    _w, second = claim_limited(connection, "w", fast, (4, 0), later, lease)
+    assert len(second.claimed) >= 1, f"100/s, yet held back until {second.wake_at}: the 1/h schedule still rules"
+
+
+def test_a_run_time_override_of_a_queue_whose_rate_has_a_burst_is_not_silently_dropped():
+    """Promise: run-time overrides are in force within a second; bad input gets a clear
+    error and nothing is lost. Broken: limits.merged() turns the settings into their text
+    form (QueueLimits.as_dict: str(Rate)), and a rate with a burst prints as
+    "50/s (burst 5)", which parse_rate does not read back; the ValueError is swallowed
+    ("an override written by hand that no longer parses: the settings hold"), so EVERY
+    override of such a queue (here concurrency=1 during an incident) is ignored, silently,
+    by the workers and by `ox_queue status`."""
+    from ox.flow import queues
+    from ox.flow.limits import merged, parse_limits
+
+    settings = parse_limits({"rate": {"count": 50, "period": 1, "burst": 5}})
+    queues.set_limits("reports", {"concurrency": 1})
+    state = next(v for v in queues.views({"reports": settings}, ["reports"]) if v.name == "reports")
+    assert state.limits.concurrency == 1, f"override {state.overrides} ignored: limits in force {state.limits}"
+    assert merged(settings, {"concurrency": 1}).concurrency == 1
+
+
+def test_a_run_time_rate_override_with_a_burst_is_in_force():
+    """Promise: an override written through ox.flow.queues.set_limits (the dashboard, the
+    ox_queue command) is in force. Broken: set_limits stores the parsed rate in its text
+    form, "10/s (burst 5)", which merged() cannot parse back, so the override is dropped
+    silently and the queue runs with its settings (here: no limit at all)."""
+    from ox.flow import queues
+    from ox.flow.limits import QueueLimits
+
+    queues.set_limits("reports", {"rate": {"count": 10, "period": 1, "burst": 5}})
+    state = next(v for v in queues.views({}, ["reports"]) if v.name == "reports")
+    assert state.limits.rate is not None and state.limits.rate.burst == 5, (state.overrides, state.limits)
+    assert state.limits != QueueLimits()
+
+
+def test_an_absurd_unique_period_is_refused_with_a_clear_error():
+    """Promise: bad input gets a clear error. Broken: Unique accepts any positive finite
+    period, so period=1e-300 (or 1e300) passes @task/.using(), and every enqueue then dies
+    with a bare OverflowError from unique_key() (window arithmetic / datetime range) instead
+    of InvalidTask."""
+    from django.tasks.exceptions import InvalidTask
+
+    for period in (1e-300, 1e300):
+        with pytest.raises(InvalidTask):
+            f.unique_all.using(unique={"period": period}).enqueue(1)
+
+
+def test_a_run_time_rate_override_with_a_burst_does_not_stop_the_queue(start_worker):
+    """Promise: a run-time limit override limits a queue; it never stops it. Broken: the
+    override {"rate": {"count": 10, "period": 1, "burst": 5}} is stored as "10/s (burst 5)"
+    with ox_queue.limited = true. Workers cannot parse it back (merged() falls back to the
+    settings: no limit), so they claim "reports" through the unlimited claim, which skips
+    every queue with limited = true (_SKIP_QUEUE), and the gate is never asked: no task of
+    the queue ever runs."""
+    from ox.flow import queues
+
+    queues.set_limits("reports", {"rate": {"count": 10, "period": 1, "burst": 5}})
+    enqueue_many(f.rated, [((f"q{i}",), {}) for i in range(5)])
+    worker = start_worker("--queues", "reports", env=options(heartbeat=0.5))
+    try:
+        wait_until(lambda: Span.objects.count() == 5, timeout=15)
+    finally:
+        worker.signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+
+
+def test_with_a_period_each_window_has_its_own_task():
+    """Decided semantics (docs/flow-control.md, ox.flow.unique): with a period the window is
+    part of the key, one task per window, as Oban's and River's periods; a task still READY
+    from the previous window does not refuse the next window's call. (The review found this
+    contradicting the module's "never a twin" line; the line now says so.) Simulated: the
+    READY row's key recomputed as of an hour earlier (the previous window, period 3600)."""
+    from ox.flow.unique import is_duplicate, unique_key
+
+    first = f.unique_hourly.enqueue(n=7)
+    row = Task.objects.get(pk=first.id)
+    earlier = clock.db_now(connection) - timedelta(hours=1)
+    key, until = unique_key(f.unique_hourly.unique, f.unique_hourly, row.args, row.kwargs, earlier)
+    Task.objects.filter(pk=first.id).update(unique_key=key, unique_until=until)
+    second = f.unique_hourly.enqueue(n=7)
+    assert not is_duplicate(second) and f.unique_hourly.enqueue(n=7).id == second.id
+
+
+def test_gate_keeps_claim_order_within_a_key_across_sync_and_async_tasks():
+    """Promise: FIFO/priority order holds within a key (and within a queue's concurrency).
+    Broken: claim_limited reads the candidates per kind and offers all the sync ones before
+    any async one, so with key_concurrency 1 a key's newer sync task takes the slot ahead of
+    its older (or higher-priority) async task, whenever the worker has room for both kinds."""
+    from ox.flow.gate import claim_limited
+    from ox.flow.limits import QueueLimits
+
+    old = f.per_account.using(priority=10).enqueue("old", 0.0, account="k")
+    Task.objects.filter(pk=old.id).update(is_async=True)
+    time.sleep(0.01)
+    f.per_account.enqueue("new", 0.0, account="k")
+    limits = {"emails": QueueLimits(key_concurrency=1)}
+    now = clock.db_now(connection) + timedelta(seconds=1)
+    _w, gated = claim_limited(connection, "w", limits, (1, 1), now, now + timedelta(minutes=5))
+    assert [str(c.id) for c in gated.claimed] == [str(old.id)], "the newer, lower-priority sync task went first"
+
+
+def test_retry_of_a_unique_task_never_reopens_a_row_that_is_running_by_then(monkeypatch):
+    """Promise: retry moves FAILED/CANCELLED tasks back to READY, never anything else, and a
+    unique task never runs twice at once. Broken: ox.operations._reopen reads the unique
+    rows' ids (filtered by status), then updates each by primary key alone, without the
+    status condition. A row that changed between the two (a concurrent retry reopened it and
+    a worker claimed it: RUNNING) is set back to READY with its lease cleared and its fence
+    kept, so a second worker claims it while the first still runs it. Simulated by making the
+    row RUNNING between the id read and the per-row UPDATE (the savepoint the loop opens)."""
+    from django.db import transaction as dj_transaction
+    from django.db.models import F
+
+    from ox import operations
+
+    r = f.unique_fails.enqueue(3)
+    Task.objects.filter(pk=r.id).update(status=Status.FAILED, finished_at=clock.db_now(connection))
+    orig = dj_transaction.atomic
+    calls = []
+
+    def hooked(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # inside _reopen, after the ids were read: a worker claims it now
+            Task.objects.filter(pk=r.id).update(
+                status=Status.RUNNING, worker_id="other", fence=F("fence") + 1, finished_at=None
+            )
+        return orig(*args, **kwargs)
+
+    monkeypatch.setattr(operations.transaction, "atomic", hooked)
+    operations.retry([r.id])
+    monkeypatch.setattr(operations.transaction, "atomic", orig)
+    row = Task.objects.get(pk=r.id)
+    assert row.status == Status.RUNNING, f"a RUNNING task (worker {row.worker_id!r}) was reopened to {row.status}"
+
+
+def test_one_keys_rate_does_not_hold_back_the_other_keys_of_its_queue(start_worker):
+    """Promise: per-key limits hold back only that key (the gate passes over a held key and
+    takes the tasks of other keys); the worker sleeps until the next token of what it waits
+    for. Broken: a KEY_RATE hold is recorded per queue (Gated.wake_at[queue], the key's next
+    token), and FlowWatch.open_limited leaves the whole queue out until then. Key "a" at
+    1/h with a second task waiting: once the gate has seen it, key "b"'s tasks behind it
+    wait for a's next token, an hour, though nothing limits b."""
+    # (Review fix: the b tasks are five keys of their own, b1..b5; one key "b" at 1/h would
+    # rightly start once an hour.)
+    calls = [(("a1",), {"account": "a"}), (("a2",), {"account": "a"})]
+    calls += [((f"b{i}",), {"account": f"b{i}"}) for i in range(1, 6)]
+    for args, kwargs in calls:  # one by one: claim order is enqueue order
+        f.rated_per_account.enqueue(*args, **kwargs)
+        time.sleep(0.002)
+    env = options(limits={"reports": {"key_rate": "1/h"}}, heartbeat=0.5, rescue_interval=0.5)
+    worker = start_worker("--concurrency", "1", "--queues", "reports", env=env)
+    try:
+        wait_until(lambda: Span.objects.filter(group__startswith="b").count() == 5, timeout=15)
+    finally:
+        worker.signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+    assert Span.objects.filter(group="a").count() == 1
+
+
+def test_the_same_call_spelled_positionally_or_by_keyword_is_one_unique_task():
+    """Promise: duplicates return the existing task; exactly one live row per unique call.
+    Broken: unique=True hashes the raw (args, kwargs) pair, not the call bound to the
+    function's signature, so unique_all(1) and unique_all(n=1), the same call of
+    `def unique_all(n)`, get different keys and both run. (by=["n"] instead refuses the
+    positional spelling outright.)"""
+    from ox.flow.unique import is_duplicate
+
+    first = f.unique_all.enqueue(1)
+    second = f.unique_all.enqueue(n=1)
+    live = Task.objects.filter(task_path=first.task.module_path, status=Status.READY).count()
+    assert is_duplicate(second) and live == 1, f"{live} READY copies of unique_all(n=1)"
+
+
+def test_a_run_time_rate_override_that_does_not_print_back_does_not_stop_the_queue(start_worker):
+    """Promise: an override limits a queue, never stops it; bad input gets a clear error.
+    Broken: set_limits() accepts {"count": 1, "period": 0.00001} and stores it as the text
+    str(Rate) gives, "1/1e-05s" (f"{period:g}s"), which parse_rate cannot read back; with
+    ox_queue.limited = true. Workers' merged() falls back to the settings (no limit), so
+    they claim the queue through the unlimited claim, which skips limited queues: nothing
+    of the queue ever runs, and no error was ever raised."""
+    from django.db import DatabaseError
+
+    from ox.flow import queues
+
+    try:
+        queues.set_limits("reports", {"rate": {"count": 1, "period": 0.00001}})
+    except (ValueError, DatabaseError):
+        return  # refused with an error: fine
+    state = next(v for v in queues.views({}, ["reports"]) if v.name == "reports")
+    enqueue_many(f.rated, [((f"z{i}",), {}) for i in range(3)])
+    worker = start_worker("--queues", "reports", env=options(heartbeat=0.5))
+    try:
+        wait_until(lambda: Span.objects.count() == 3, timeout=15)
+    except AssertionError:
+        raise AssertionError(f"queue stopped: overrides {state.overrides}, limits in force {state.limits}") from None
+    finally:
+        worker.signal(signal.SIGTERM)
+        worker.wait(timeout=30)

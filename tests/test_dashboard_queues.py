@@ -142,7 +142,7 @@ def test_override_keeps_empty_fields_and_lifts_none(client, operator, limits):
     response = client.post(reverse("dashboard:limit"), data, follow=True)
     assert [str(m) for m in response.context["messages"]] == ["emails: limits now 3 at a time, 50/s"]
     state = QueueState.objects.get(name="emails")
-    assert state.overrides == {"concurrency": 3, "rate": "50/s", "key_rate": None}
+    assert state.overrides == {"concurrency": 3, "rate": {"count": 50, "period": 1.0, "burst": 1}, "key_rate": None}
     assert state.updated_by == "operator" and state.limited
     limits_cell = stat(row(response.content.decode(), "emails"), "limits")
     assert 'concurrency 3</span> <span class="muted">override, settings 2' in limits_cell

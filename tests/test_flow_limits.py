@@ -218,3 +218,17 @@ def test_a_held_back_worker_is_not_woken_by_every_enqueue(start_worker):
     claims = int(re.search(r"worker stopped .*?claims=(\d+)", waiting.output()).group(1))
     assert claims < 15, claims  # one a poll interval (1 s) and a few at start, not one per enqueue
     holder.wait(timeout=30)
+
+
+def test_a_limited_queue_claims_as_its_slots_free_not_at_the_poll(start_worker):
+    """40 tasks of 50 ms, 4 threads, a limit that does not bind (8): the drain takes about
+    0.5 s. (It once took a poll interval per batch of 4, 10 s: the gate's claim was counted
+    short whenever the async probe found nothing, so a freed slot did not claim again.)"""
+    enqueue_many(f.limited, [((f"s{i}", 0.05), {}) for i in range(40)])
+    start_worker("--concurrency", "4", "--queues", "emails", env=limits(emails={"concurrency": 8}))
+    wait_until(lambda: Span.objects.exists(), timeout=30)
+    drained(timeout=60)
+    spans = list(Span.objects.all())
+    took = max(s.ended for s in spans) - min(s.started for s in spans)
+    assert took < 4.0, took
+    assert most_at_once(spans) == 4

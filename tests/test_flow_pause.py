@@ -84,7 +84,9 @@ def test_overrides_are_validated_and_none_lifts_a_setting():
         queues.set_limits("emails", {"speed": 1})
     assert not QueueState.objects.filter(name="emails").exists()  # nothing written
     state = queues.set_limits("emails", {"rate": "10/m", "concurrency": None})
-    assert state.overrides == {"rate": "10/m", "concurrency": None} and state.limited
+    # Rates are stored exactly (JSON), not as the text they were given in.
+    assert state.overrides == {"rate": {"count": 10, "period": 60.0, "burst": 1}, "concurrency": None}
+    assert state.limited
     flow = next(x for x in queue_flows(["emails"]) if x.name == "emails")
     assert str(flow.limits.rate) == "10/m" and flow.limits.concurrency is None
 
@@ -103,7 +105,10 @@ def test_ox_queue_command():
     assert not QueueState.objects.get(name="emails").paused
     out = run("limits", "emails", "concurrency=2", "rate=5/s")
     assert "2 at a time" in out and "5/s" in out
-    assert QueueState.objects.get(name="emails").overrides == {"concurrency": 2, "rate": "5/s"}
+    assert QueueState.objects.get(name="emails").overrides == {
+        "concurrency": 2,
+        "rate": {"count": 5, "period": 1.0, "burst": 1},
+    }
     run("limits", "emails", "--reset")
     assert QueueState.objects.get(name="emails").overrides == {}
     assert '"queue": "emails"' in run("status", "--json")

@@ -43,8 +43,11 @@ def test_key_from_named_arguments_only():
 
 def test_a_missing_key_argument_is_a_clear_error_and_writes_nothing():
     with pytest.raises(InvalidTask, match="customer"):
-        f.unique_customer.enqueue("acme")  # positional: the key names a keyword
-    assert rows(f.unique_customer) == []
+        f.unique_customer.enqueue(note="no customer")
+    # Positional or keyword: the same call, one task (bound to the function's signature).
+    a = f.unique_customer.enqueue("acme")
+    assert f.unique_customer.enqueue(customer="acme").id == a.id
+    assert len(rows(f.unique_customer)) == 1
 
 
 def test_on_duplicate_raise():
@@ -276,3 +279,11 @@ def test_aenqueue_of_a_duplicate():
     a, b = async_to_sync(go)()
     assert b.id == a.id and is_duplicate(b) and not is_duplicate(a)
     assert len(rows(f.unique_all)) == 1
+
+
+def test_a_scheduled_task_holds_its_key():
+    """READY with a run_after in the future is READY: a duplicate enqueued now (due now) is
+    answered with the scheduled one, not let in beside it."""
+    later = f.unique_all.using(run_after=timedelta(hours=1)).enqueue(41)
+    now = f.unique_all.enqueue(41)
+    assert now.id == later.id and is_duplicate(now)

@@ -20,41 +20,30 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox import sql
 from ox.flow import gate_pg
-from ox.flow.limits import QueueLimits, next_start, take
+from ox.flow.decide import CONCURRENCY, KEY_RATE, KEYS, PAUSED, RATE, Candidate, Decision, Gated
+from ox.flow.keywalk import free_key_heads
+from ox.flow.limits import QueueLimits
 
-# READY tasks read per queue and kind, per wanted task: a window past the first ones, so
-# that tasks of full keys at the head do not hide others (WINDOW_MIN at least, WINDOW_MAX at
-# most: beyond it, tasks behind that many of full keys wait for those keys).
+__all__ = ["CONCURRENCY", "KEYS", "KEY_RATE", "PAUSED", "RATE", "Gated", "claim_limited", "prune_key_rates"]
+
+# READY tasks read per kind, per wanted task: a window past the first ones, so that tasks of
+# full keys at the head do not hide others (WINDOW_MIN at least, WINDOW_MAX at most; past it
+# ox.flow.keywalk finds the other keys' first tasks).
 WINDOW_PER_TASK = 8
 WINDOW_MIN = 64
 WINDOW_MAX = 1000
 
-# Why a queue gave fewer tasks than asked (the dashboard and the worker's wake-up read it).
-PAUSED, CONCURRENCY, KEYS, RATE, KEY_RATE = "paused", "concurrency", "key concurrency", "rate", "key rate"
+_CANDIDATE = "id, queue, is_async, limit_key, priority, run_after"
 
 
-@dataclass
-class Gated:
-    claimed: list[sql.Claimed] = field(default_factory=list)
-    # queue -> why it could give no more (only queues with due tasks left behind)
-    blocked: dict[str, str] = field(default_factory=dict)
-    # epoch seconds: the earliest a rate limit allows the next start of a queue held back by one
-    wake_at: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class _Candidate:
-    id: object  # as the database returns it
-    queue: str
-    is_async: bool
-    limit_key: str | None
+def _candidate(r: Sequence[object]) -> Candidate:
+    return Candidate(r[0], str(r[1]), bool(r[2]), r[3], int(r[4]), sql._read_ts(r[5]))  # type: ignore[arg-type]
 
 
 def _lock(conn: BaseDatabaseWrapper, names: list[str]) -> dict[str, tuple[bool, float | None]]:
@@ -67,6 +56,17 @@ def _lock(conn: BaseDatabaseWrapper, names: list[str]) -> dict[str, tuple[bool, 
             f"SELECT name, paused, rate_tat FROM ox_queue WHERE name IN ({where}) ORDER BY name{lock}", names
         )
         return {name: (bool(paused), tat) for name, paused, tat in cursor.fetchall()}
+
+
+def _ensure_rows(conn: BaseDatabaseWrapper, names: list[str]) -> None:
+    false = "false" if sql.is_postgres(conn) else "0"
+    marks = ", ".join([f"(%s, {false}, '{{}}', {false}, '')"] * len(names))
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO ox_queue (name, paused, overrides, limited, updated_by) VALUES {marks}"
+            " ON CONFLICT (name) DO NOTHING",
+            names,
+        )
 
 
 def _running(conn: BaseDatabaseWrapper, names: list[str]) -> tuple[Counter[str], Counter[tuple[str, str]]]:
@@ -88,37 +88,32 @@ def _running(conn: BaseDatabaseWrapper, names: list[str]) -> tuple[Counter[str],
     return per_queue, per_key
 
 
-def _candidates(conn: BaseDatabaseWrapper, names: list[str], flag: int, now: datetime, window: int) -> list[_Candidate]:
+def _candidates(conn: BaseDatabaseWrapper, names: list[str], flag: int, now: datetime, window: int) -> list[Candidate]:
     """Due READY tasks of one kind in claim order (priority, then due time, then id)."""
     if sql.is_postgres(conn):
-        columns = "c.id, c.queue, c.limit_key"
-        query, params = sql.candidates_sql(
-            "true" if flag else "false", names, now, window, window, columns=columns, gate=True
-        )
+        query, params = sql.candidates_sql("true" if flag else "false", names, now, window, window, gate=True)
         with conn.cursor() as cursor:
-            cursor.execute(query, params)
-            return [_Candidate(r[0], r[1], bool(flag), r[2]) for r in cursor.fetchall()]
+            cursor.execute(f"SELECT {_CANDIDATE} FROM ox_task WHERE id IN ({query})", params)
+            return sorted((_candidate(r) for r in cursor.fetchall()), key=lambda c: c.order)
     levels = sql._sqlite_levels(conn, names, gate=True)
     ids = sql._sqlite_pick(conn, flag, names, levels, sql._ts(conn, now), window)
     if not ids:
         return []
     with conn.cursor() as cursor:
         cursor.execute(
-            "SELECT id, queue, limit_key FROM ox_task WHERE id IN (SELECT value FROM json_each(%s))",
-            [json.dumps(ids)],
+            f"SELECT {_CANDIDATE} FROM ox_task WHERE id IN (SELECT value FROM json_each(%s))", [json.dumps(ids)]
         )
-        found = {r[0]: (r[1], r[2]) for r in cursor.fetchall()}
-    return [_Candidate(i, found[i][0], bool(flag), found[i][1]) for i in ids if i in found]
+        return sorted((_candidate(r) for r in cursor.fetchall()), key=lambda c: c.order)
 
 
 def _key_rates(conn: BaseDatabaseWrapper, pairs: set[tuple[str, str]]) -> dict[tuple[str, str], float]:
     if not pairs:
         return {}
     out: dict[tuple[str, str], float] = {}
+    by_queue: dict[str, list[str]] = {}
+    for queue, key in pairs:
+        by_queue.setdefault(queue, []).append(key)
     with conn.cursor() as cursor:
-        by_queue: dict[str, list[str]] = {}
-        for queue, key in pairs:
-            by_queue.setdefault(queue, []).append(key)
         for queue, keys in by_queue.items():
             for start in range(0, len(keys), 500):
                 chunk = keys[start : start + 500]
@@ -128,64 +123,6 @@ def _key_rates(conn: BaseDatabaseWrapper, pairs: set[tuple[str, str]]) -> dict[t
                 )
                 out.update({(queue, k): tat for k, tat in cursor.fetchall()})
     return out
-
-
-class _Decision:
-    """Walks candidates in claim order and takes what every limit allows."""
-
-    def __init__(
-        self,
-        limits: dict[str, QueueLimits],
-        states: dict[str, tuple[bool, float | None]],
-        running: tuple[Counter[str], Counter[tuple[str, str]]],
-        key_tats: dict[tuple[str, str], float],
-        now: float,
-    ) -> None:
-        self.limits, self.now = limits, now
-        self.running, self.per_key = running
-        self.tats = {q: tat for q, (_paused, tat) in states.items()}
-        self.key_tats = dict(key_tats)
-        self.out = Gated()
-        self.taken: list[object] = []
-        self.rate_changed: set[str] = set()
-        self.key_changed: set[tuple[str, str]] = set()
-
-    def _hold(self, queue: str, why: str, wake: float | None = None) -> None:
-        self.out.blocked.setdefault(queue, why)
-        if wake is not None:
-            self.out.wake_at[queue] = min(wake, self.out.wake_at.get(queue, wake))
-
-    def offer(self, c: _Candidate) -> bool:
-        lim = self.limits[c.queue]
-        if lim.concurrency is not None and self.running[c.queue] >= lim.concurrency:
-            self._hold(c.queue, CONCURRENCY)
-            return False
-        pair = (c.queue, c.limit_key) if c.limit_key is not None else None
-        if pair is not None and lim.key_concurrency is not None and self.per_key[pair] >= lim.key_concurrency:
-            self._hold(c.queue, KEYS)
-            return False
-        new_tat = new_key_tat = None
-        if lim.rate is not None:
-            new_tat = take(self.tats.get(c.queue), self.now, lim.rate)
-            if new_tat is None:
-                self._hold(c.queue, RATE, next_start(self.tats.get(c.queue), self.now, lim.rate))
-                return False
-        if pair is not None and lim.key_rate is not None:
-            new_key_tat = take(self.key_tats.get(pair), self.now, lim.key_rate)
-            if new_key_tat is None:
-                self._hold(c.queue, KEY_RATE, next_start(self.key_tats.get(pair), self.now, lim.key_rate))
-                return False
-        if new_tat is not None:
-            self.tats[c.queue] = new_tat
-            self.rate_changed.add(c.queue)
-        if new_key_tat is not None and pair is not None:
-            self.key_tats[pair] = new_key_tat
-            self.key_changed.add(pair)
-        self.running[c.queue] += 1
-        if pair is not None:
-            self.per_key[pair] += 1
-        self.taken.append(c.id)
-        return True
 
 
 def claim_limited(
@@ -198,27 +135,33 @@ def claim_limited(
     done: Sequence[sql.Completion] = (),
 ) -> tuple[set[tuple[uuid.UUID, int]], Gated]:
     """Write finished tasks (so their slots count as free), then claim up to `demand` (sync,
-    async) tasks from the limited queues `limits` names, in one transaction. Returns the
-    completions written and what the gate gave."""
+    async) tasks from the queues `limits` names (a queue with no limits is claimed as such),
+    in one transaction. Returns the completions written and what the gate gave."""
     names = sorted(limits)
     if not names or max(demand) <= 0:
         return (sql.complete(conn, done) if done else set()), Gated()
     if sql.is_postgres(conn) and gate_pg.usable(conn):
         return _claim_pg(conn, worker_id, limits, names, demand, now, lease_expires_at, done)
     with sql.transaction(conn):
+        if sql.is_postgres(conn):
+            # The count after the lock must see what the last holder committed, whatever the
+            # database's default isolation (a REPEATABLE READ snapshot predates the lock).
+            with conn.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
         written = sql.complete(conn, done) if done else set()
         states = _lock(conn, names)
         open_names = [n for n in names if not states.get(n, (False, None))[0]]
         if not open_names:
             return written, Gated()
-        decision = _Decision(limits, states, _running(conn, open_names), {}, now.timestamp())
-        for flag, want in enumerate(demand):
-            if want > 0:
-                _offer_kind(conn, decision, limits, open_names, flag, want, now)
+        decision = Decision(
+            limits, {q: tat for q, (_p, tat) in states.items()}, _running(conn, open_names), now.timestamp()
+        )
+        _offer(conn, decision, open_names, demand, now, None)
+        out = decision.outcome()
         if decision.taken:
-            decision.out.claimed = _set_running(conn, worker_id, decision.taken, lease_expires_at)
+            out.claimed = _set_running(conn, worker_id, decision.taken, lease_expires_at)
         _save_rates(conn, decision)
-        return written, decision.out
+        return written, out
 
 
 def _window(want: int) -> int:
@@ -248,12 +191,12 @@ def _claim_pg(
             _ensure_rows(conn, names)
             return _claim_pg(conn, worker_id, limits, names, demand, now, lease, done, retried=True)
         open_names = [n for n in names if not states[n][0]]
-        decision = _Decision(limits, states, running, {}, now.timestamp())
-        for flag, want in enumerate(demand):
-            if want > 0 and open_names:
-                first = [_Candidate(i, q, bool(flag), k) for i, q, k in kinds[flag] if q in open_names]
-                _offer_kind(conn, decision, limits, open_names, flag, want, now, (first, windows[flag]))
-        decision.out.claimed = gate_pg.finish(
+        decision = Decision(limits, {q: tat for q, (_p, tat) in states.items()}, running, now.timestamp())
+        first = [[c for c in kind if c.queue in open_names] for kind in kinds]
+        if open_names:
+            _offer(conn, decision, open_names, demand, now, (first, windows))
+        out = decision.outcome()
+        out.claimed = gate_pg.finish(
             conn,
             worker_id,
             decision.taken,
@@ -267,57 +210,88 @@ def _claim_pg(
         except Exception:  # noqa: BLE001, S110  (the connection is gone: the worker reconnects)
             pass
         raise
-    return written, decision.out
+    return written, out
 
 
-def _ensure_rows(conn: BaseDatabaseWrapper, names: list[str]) -> None:
-    false = "false" if sql.is_postgres(conn) else "0"
-    marks = ", ".join([f"(%s, {false}, '{{}}', {false}, '')"] * len(names))
-    with conn.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO ox_queue (name, paused, overrides, limited, updated_by) VALUES {marks}"
-            " ON CONFLICT (name) DO NOTHING",
-            names,
-        )
-
-
-def _offer_kind(
+def _offer(
     conn: BaseDatabaseWrapper,
-    decision: "_Decision",
-    limits: dict[str, QueueLimits],
+    decision: Decision,
     names: list[str],
-    flag: int,
-    want: int,
+    demand: tuple[int, int],
     now: datetime,
-    first: tuple[list["_Candidate"], int] | None = None,
+    first: tuple[list[list[Candidate]], tuple[int, int]] | None,
 ) -> None:
-    """Offer the due tasks of one kind in claim order until `want` are taken. When a key
-    limit passes over every task read and there may be more, read again a window four times
-    as long (up to WINDOW_MAX): tasks of full keys at the head of a queue do not hide the
-    others behind them, and what a claim reads stays bounded. `first`: candidates already
-    read (PostgreSQL reads them with the lock), and the window they were read with."""
-    window = _window(want)
+    """Offer the due tasks of both kinds merged in claim order (a key's older async task
+    before its newer sync one), each kind up to its demand. When key limits pass over every
+    task read and there may be more, read again a window four times as long (up to
+    WINDOW_MAX), then walk the other keys' first tasks (ox.flow.keywalk): tasks of full keys
+    at the head of a queue never hide the others, and what a claim reads stays bounded.
+    `first`: candidates already read (PostgreSQL reads them with the lock) and their windows."""
+    got = [0, 0]
+    windows = [_window(demand[0]), _window(demand[1])]
     seen: set[object] = set()
-    got = 0
     while True:
         if first is not None:
-            candidates, window = first
+            kinds, read = first
+            windows = list(read)
             first = None
         else:
-            candidates = _candidates(conn, names, flag, now, window)
-        fresh = [c for c in candidates if c.id not in seen]
-        pairs = {(c.queue, c.limit_key) for c in fresh if c.limit_key is not None}
-        pairs = {p for p in pairs if limits[p[0]].key_rate is not None and p not in decision.key_tats}
-        decision.key_tats.update(_key_rates(conn, pairs))
-        for c in fresh:
-            if got >= want:
-                return
-            seen.add(c.id)
-            got += decision.offer(c)
-        keys_held = any(why in (KEYS, KEY_RATE) for why in decision.out.blocked.values())
-        if got >= want or len(candidates) < window or window >= WINDOW_MAX or not keys_held:
+            kinds = [
+                _candidates(conn, names, flag, now, windows[flag]) if got[flag] < want else []
+                for flag, want in enumerate(demand)
+            ]
+        full = [len(kinds[flag]) >= windows[flag] for flag in (0, 1)]
+        _offer_sorted(conn, decision, [c for kind in kinds for c in kind if c.id not in seen], demand, got, seen)
+        wanting = [flag for flag in (0, 1) if got[flag] < demand[flag]]
+        if not wanting or not decision.keys_held():
             return
-        window = min(window * 4, WINDOW_MAX)
+        if any(full[flag] and windows[flag] < WINDOW_MAX for flag in wanting):
+            windows = [min(w * 4, WINDOW_MAX) for w in windows]
+            continue
+        if any(full[flag] for flag in wanting):
+            _walk_keys(conn, decision, names, demand, now, got, seen, wanting)
+        return
+
+
+def _offer_sorted(
+    conn: BaseDatabaseWrapper,
+    decision: Decision,
+    candidates: list[Candidate],
+    demand: tuple[int, int],
+    got: list[int],
+    seen: set[object],
+) -> None:
+    candidates.sort(key=lambda c: c.order)
+    pairs = {(c.queue, c.limit_key) for c in candidates if c.limit_key is not None}
+    pairs = {p for p in pairs if decision.limits[p[0]].key_rate is not None and p not in decision.key_tats}
+    decision.key_tats.update(_key_rates(conn, pairs))
+    for c in candidates:
+        flag = int(c.is_async)
+        if got[flag] >= demand[flag] or c.id in seen:
+            continue
+        seen.add(c.id)
+        got[flag] += decision.offer(c)
+
+
+def _walk_keys(
+    conn: BaseDatabaseWrapper,
+    decision: Decision,
+    names: list[str],
+    demand: tuple[int, int],
+    now: datetime,
+    got: list[int],
+    seen: set[object],
+    wanting: list[int],
+) -> None:
+    for queue in names:
+        if not decision.limits[queue].keyed:
+            continue
+        skip = {k for q, k in decision.refused_keys if q == queue}
+        for flag in wanting:
+            left = demand[flag] - got[flag]
+            if left > 0:
+                heads = free_key_heads(conn, queue, flag, now, skip, left)
+                _offer_sorted(conn, decision, heads, demand, got, seen)
 
 
 def _set_running(conn: BaseDatabaseWrapper, worker_id: str, ids: list[object], lease: datetime) -> list[sql.Claimed]:
@@ -336,7 +310,7 @@ def _set_running(conn: BaseDatabaseWrapper, worker_id: str, ids: list[object], l
         return sql._read_claimed(cursor.fetchall())
 
 
-def _save_rates(conn: BaseDatabaseWrapper, d: _Decision) -> None:
+def _save_rates(conn: BaseDatabaseWrapper, d: Decision) -> None:
     with conn.cursor() as cursor:
         for queue in sorted(d.rate_changed):
             cursor.execute("UPDATE ox_queue SET rate_tat = %s WHERE name = %s", [d.tats[queue], queue])

@@ -19,6 +19,7 @@ import psycopg
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox import sql
+from ox.flow.decide import Candidate
 from ox.flow.limits import QueueLimits
 
 
@@ -56,12 +57,14 @@ def lock_and_read(
     set[tuple[Any, int]],
     dict[str, tuple[bool, float | None]],
     tuple[Counter[str], Counter[tuple[str, str]]],
-    list[list[tuple[Any, str, str | None]]],
+    list[list[Candidate]],
 ]:
     """Round trip one. Returns the completions written, the queues' rows (paused, rate_tat),
     the RUNNING counts (per queue, per (queue, key)) and per kind the candidates in claim
-    order (id, queue, limit_key). The transaction is left open, holding the locks."""
-    parts: list[str] = ["BEGIN"]
+    order. The transaction is left open, holding the locks."""
+    # READ COMMITTED whatever the database's default: the read after the lock must see what
+    # the last holder committed (a REPEATABLE READ snapshot would predate the lock).
+    parts: list[str] = ["BEGIN ISOLATION LEVEL READ COMMITTED"]
     params: list[object] = []
     if done:
         complete_sql, complete_params = sql._complete_sql(conn, done)
@@ -100,16 +103,17 @@ def lock_and_read(
     states = {name: (bool(paused), tat) for name, paused, tat in results[-2] or []}
     per_queue: Counter[str] = Counter()
     per_key: Counter[tuple[str, str]] = Counter()
-    kinds: list[list[tuple[Any, str, str | None, int, datetime]]] = [[], []]
+    kinds: list[list[Candidate]] = [[], []]
     for kind, task_id, queue, key, count, priority, run_after in results[-1] or []:
         if kind < 0:
             per_queue[queue] += count
             if key is not None:
                 per_key[(queue, key)] += count
         else:
-            kinds[kind].append((task_id, queue, key, priority, run_after))
-    ordered = [[(t, q, k) for t, q, k, _p, _r in sorted(rows, key=lambda r: (-r[3], r[4], r[0]))] for rows in kinds]
-    return written, states, (per_queue, per_key), ordered
+            kinds[kind].append(Candidate(task_id, queue, bool(kind), key, priority, run_after))
+    for rows in kinds:
+        rows.sort(key=lambda c: c.order)
+    return written, states, (per_queue, per_key), kinds
 
 
 def finish(

@@ -37,8 +37,12 @@ class Rate:
 
     def __str__(self) -> str:
         unit = next((u for u, s in UNITS.items() if s == self.period), None)
-        per = unit if unit else f"{self.period:g}s"
+        per = unit if unit else f"{self.period:.15g}s"
         return f"{self.count}/{per}" + (f" (burst {self.burst})" if self.burst > 1 else "")
+
+    def as_json(self) -> dict[str, Any]:
+        """The exact form stored in ox_queue.overrides (text is for people)."""
+        return {"count": self.count, "period": self.period, "burst": self.burst}
 
 
 def parse_rate(value: Any) -> Rate | None:
@@ -61,9 +65,22 @@ def parse_rate(value: Any) -> Rate | None:
     )
 
 
+MIN_PERIOD = 0.001  # seconds
+MAX_PERIOD = 86400 * 7
+MAX_PER_SECOND = 1_000_000
+
+
 def _checked(rate: Rate) -> Rate:
-    if rate.count < 1 or not math.isfinite(rate.period) or rate.period <= 0 or rate.period > 86400 * 7:
-        raise ValueError(f"a rate needs a count >= 1 and a period of up to 7 days, got {rate.count}/{rate.period}s")
+    if (
+        rate.count < 1
+        or not math.isfinite(rate.period)
+        or not MIN_PERIOD <= rate.period <= MAX_PERIOD
+        or rate.count / rate.period > MAX_PER_SECOND
+    ):
+        raise ValueError(
+            f"a rate needs a count >= 1, a period from 1 ms to 7 days and at most {MAX_PER_SECOND:,} a second,"
+            f" got {rate.count}/{rate.period}s"
+        )
     if rate.burst < 1 or rate.burst > rate.count:
         raise ValueError(f"a rate's burst must be between 1 and its count ({rate.count}), got {rate.burst}")
     return rate
@@ -133,25 +150,48 @@ def parse_limits(raw: Any, where: str = "LIMITS") -> QueueLimits:
 
 def merged(settings: QueueLimits, overrides: dict[str, Any] | None) -> QueueLimits:
     """Settings with the run-time overrides (ox_queue.overrides) on top: a field present in
-    the overrides wins, None included (None there lifts that limit)."""
+    the overrides wins, None included (None there lifts that limit). A field that does not
+    parse (written by hand into the table) is left out, field by field: the settings hold
+    for it, the other overrides stay in force."""
     if not overrides:
         return settings
-    raw = settings.as_dict()
-    raw.update({k: v for k, v in overrides.items() if k in LIMIT_FIELDS})
-    try:
-        return parse_limits(raw)
-    except ValueError:
-        return settings  # an override written by hand that no longer parses: the settings hold
+    values = {f.name: getattr(settings, f.name) for f in fields(settings)}
+    for name, value in overrides.items():
+        if name not in LIMIT_FIELDS:
+            continue
+        try:
+            values[name] = getattr(parse_limits({name: value}), name)
+        except ValueError:
+            continue
+    return QueueLimits(**values)
+
+
+def stored(limits: QueueLimits, names: Any) -> dict[str, Any]:
+    """The overrides to store for these fields: rates in their exact JSON form."""
+    out: dict[str, Any] = {}
+    for name in names:
+        value = getattr(limits, name)
+        out[name] = value.as_json() if isinstance(value, Rate) else value
+    return out
+
+
+def _clamped(tat: float | None, now: float, rate: Rate) -> float | None:
+    # Under one rate a schedule is never more than interval + tolerance ahead of now; one
+    # further ahead was made by a slower rate since raised: the new rate holds from now,
+    # without waiting out the old schedule.
+    return None if tat is None else min(tat, now + rate.interval + rate.tolerance)
 
 
 def next_start(tat: float | None, now: float, rate: Rate) -> float:
     """GCRA: when the next start is allowed, given the theoretical arrival time `tat`
     stored for the queue or key (epoch seconds; None: never used)."""
+    tat = _clamped(tat, now, rate)
     return now if tat is None else max(now, tat - rate.tolerance)
 
 
 def take(tat: float | None, now: float, rate: Rate) -> float | None:
     """The new tat after one start now, or None if a start now would exceed the rate."""
+    tat = _clamped(tat, now, rate)
     base = now if tat is None else max(tat, now)
     if base - rate.tolerance > now + 1e-9:
         return None

@@ -10,8 +10,8 @@ from typing import Any
 from django.db import connections, router, transaction
 from django.utils import timezone
 
-from ox.flow.limits import LIMIT_FIELDS, QueueLimits, merged, parse_limits
-from ox.models import QueueState
+from ox.flow.limits import LIMIT_FIELDS, QueueLimits, merged, parse_limits, stored
+from ox.models import KeyRate, QueueState
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +75,18 @@ def set_limits(name: str, overrides: dict[str, Any], using: str | None = None, b
     if unknown:
         raise ValueError(f"unknown limit {', '.join(unknown)} (known: {', '.join(LIMIT_FIELDS)})")
     parsed = parse_limits({k: v for k, v in overrides.items()}, where=f"queue {name!r}")
-    clean = {k: parsed.as_dict()[k] for k in overrides}
+    clean = stored(parsed, overrides)
     limited = any(v is not None for v in clean.values())
-    return _write(check_name(name), using, by, overrides=clean, limited=limited)
+    db = _db(using)
+    # A rate changed at run time holds from now: the schedules made under the old one (an
+    # hour ahead, for 1/h) are dropped. (A rate changed in the settings holds within one
+    # interval of the new rate: ox.flow.limits clamps a schedule too far ahead.) {} resets both.
+    fresh = {} if ("rate" not in overrides and overrides) else {"rate_tat": None}
+    with transaction.atomic(using=db):
+        state = _write(check_name(name), db, by, overrides=clean, limited=limited, **fresh)
+        if "key_rate" in overrides or not overrides:
+            KeyRate.objects.using(db).filter(queue=name).delete()
+    return state
 
 
 def views(settings: dict[str, QueueLimits], names: list[str], using: str | None = None) -> list[QueueView]:
@@ -94,21 +103,21 @@ def views(settings: dict[str, QueueLimits], names: list[str], using: str | None 
     return out
 
 
-def read_states(conn: Any, names: list[str]) -> dict[str, tuple[bool, dict[str, Any]]]:
+def read_states(conn: Any, names: list[str]) -> dict[str, tuple[bool, dict[str, Any], bool]]:
     """The worker's read of its queues' rows on its own connection: name -> (paused,
-    overrides). Queues without a row are absent."""
+    overrides, limited). Queues without a row are absent."""
     if not names:
         return {}
     marks = ", ".join(["%s"] * len(names))
     with conn.cursor() as cursor:
-        cursor.execute(f"SELECT name, paused, overrides FROM ox_queue WHERE name IN ({marks})", list(names))
+        cursor.execute(f"SELECT name, paused, overrides, limited FROM ox_queue WHERE name IN ({marks})", list(names))
         rows = cursor.fetchall()
     out = {}
-    for name, paused, overrides in rows:
+    for name, paused, overrides, limited in rows:
         if isinstance(overrides, str):
             try:
                 overrides = json.loads(overrides)
             except ValueError:
                 overrides = {}
-        out[name] = (bool(paused), overrides if isinstance(overrides, dict) else {})
+        out[name] = (bool(paused), overrides if isinstance(overrides, dict) else {}, bool(limited))
     return out

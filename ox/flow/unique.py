@@ -8,12 +8,17 @@ the pitfall of letting unique states omit a live state), and in SUCCESSFUL, FAIL
 CANCELLED when its unique_states say so. A status change moves the row in or out of the
 index by itself, so no write path has to remember to free a key; an insert of a held key is
 refused by the index, never by a check-then-insert race.
+
+With a period the window is part of the key: one task per window, so a task still READY from
+the last window does not refuse the same call in the next one (as Oban's and River's periods).
 """
 
+import functools
 import hashlib
+import inspect
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -27,6 +32,7 @@ LIVE = ("READY", "RUNNING")
 ALL_STATES = (*LIVE, *HOLD_BITS)
 
 OnDuplicate = Literal["return", "raise"]
+MIN_PERIOD, MAX_PERIOD = 0.001, 100 * 365.25 * 86400
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +63,8 @@ class Unique:
             period = self.period.total_seconds() if isinstance(self.period, timedelta) else self.period
             if isinstance(period, bool) or not isinstance(period, (int, float)) or not math.isfinite(period):
                 raise InvalidTask(f"unique period must be seconds or a timedelta, got {self.period!r}")
-            if period <= 0:
-                raise InvalidTask(f"unique period must be positive, got {self.period!r}")
+            if not MIN_PERIOD <= period <= MAX_PERIOD:
+                raise InvalidTask(f"unique period must be from 1 ms to 100 years (in seconds), got {self.period!r}")
             object.__setattr__(self, "period", float(period))
         states = (self.states,) if isinstance(self.states, str) else tuple(self.states)
         unknown = [s for s in states if s not in ALL_STATES]
@@ -93,45 +99,85 @@ def as_unique(value: Any) -> Unique | None:
     raise InvalidTask(f"unique must be True, a dict or ox.Unique, got {value!r}")
 
 
-def _pick(args: Sequence[Any], kwargs: dict[str, Any], by: tuple[str | int, ...], what: str) -> list[Any]:
+@functools.lru_cache(maxsize=1024)
+def _signature(func: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
+
+
+def bound(task: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """The call as the function sees it, name -> value, defaults filled in: f(1) and f(n=1)
+    are one call. None when the function has no signature to bind to, or the call does not
+    fit it (the task will fail when it runs; its key is then the arguments as given)."""
+    func = getattr(task, "func", None)
+    sig = _signature(func) if func is not None else None
+    if sig is None:
+        return None
+    context = bool(getattr(task, "takes_context", False))
+    try:
+        call = sig.bind(*([None] if context else []), *args, **kwargs)
+    except TypeError:
+        return None
+    call.apply_defaults()
+    values = dict(call.arguments)
+    if context:
+        values.pop(next(iter(sig.parameters)), None)
+    return values
+
+
+def _pick(
+    args: Sequence[Any], kwargs: dict[str, Any], call: dict[str, Any] | None, by: tuple[str | int, ...], what: str
+) -> list[Any]:
     picked = []
     for name in by:
         if isinstance(name, int):
             if name >= len(args):
                 raise InvalidTask(f"{what} uses positional argument {name}, but the call has {len(args)}")
             picked.append(args[name])
+        elif call is not None and name in call:
+            picked.append(call[name])
         elif name in kwargs:
             picked.append(kwargs[name])
         else:
-            raise InvalidTask(f"{what} uses argument {name!r}, which the call does not pass by keyword")
+            raise InvalidTask(f"{what} uses argument {name!r}, which the call does not pass")
     return picked
 
 
+def _text(value: Any) -> str:
+    # Defaults filled in by bound() may be values JSON cannot say (a default datetime): their
+    # repr() stands for them, the same for every call.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=repr)
+
+
 def unique_key(
-    unique: Unique, task_path: str, args: Sequence[Any], kwargs: dict[str, Any], now: datetime
+    unique: Unique, task: Any, args: Sequence[Any], kwargs: dict[str, Any], now: datetime
 ) -> tuple[str, datetime | None]:
     """The key (64 hex digits) and, with a period, when its window ends. Arguments are
-    already JSON-normalised (ox.jsoncheck), so equal calls hash equally."""
+    already JSON-normalised (ox.jsoncheck), and bound to the function's signature, so equal
+    calls hash equally however they are spelled."""
+    path = task if isinstance(task, str) else task.module_path
+    call = None if isinstance(task, str) else bound(task, args, kwargs)
     if unique.key is not None:
         parts: Any = ["key", unique.key]
     elif unique.by is None:
-        parts = ["args", list(args), kwargs]
+        parts = ["call", call] if call is not None else ["args", list(args), kwargs]
     else:
-        parts = ["by", _pick(args, kwargs, unique.by, "unique by=")]
+        parts = ["by", _pick(args, kwargs, call, unique.by, "unique by=")]
     until = None
     if unique.period is not None:
         window = math.floor(now.timestamp() / unique.period)
         parts = [*parts, window]
         until = datetime.fromtimestamp((window + 1) * unique.period, UTC)
-    text = json.dumps([task_path, parts], sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest(), until
+    return hashlib.sha256(_text([path, parts]).encode()).hexdigest(), until
 
 
-def limit_key(by: tuple[str | int, ...], args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+def limit_key(task: Any, by: tuple[str | int, ...], args: Sequence[Any], kwargs: dict[str, Any]) -> str:
     """A task's limit key from its arguments (@task(limit_by=...)): the values as compact
     JSON, so the dashboard shows which customer or account a task waits for."""
-    values = _pick(args, kwargs, by, "limit_by=")
-    text = json.dumps(values[0] if len(values) == 1 else values, sort_keys=True, separators=(",", ":"))
+    values = _pick(args, kwargs, bound(task, args, kwargs), by, "limit_by=")
+    text = _text(values[0] if len(values) == 1 else values)
     return text if len(text) <= 200 else "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 

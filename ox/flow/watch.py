@@ -1,11 +1,16 @@
 """What a worker knows of its queues' flow control: which are limited (the settings' LIMITS
 with the run-time overrides read from ox_queue at most a second ago, or at once on a NOTIFY),
-and which the last gate held back and until when."""
+and which the last gate held back and until when.
+
+A worker with any limited queue claims all its queues through the gate (ox.flow.gate), the
+unlimited ones with no limits: one ordering by priority over everything it serves, so a
+limited queue's backlog never runs ahead of a more urgent task of an unlimited queue, nor
+the reverse."""
 
 import time
 from typing import Any
 
-from ox.flow.gate import Gated
+from ox.flow.decide import KEY_RATE, RATE, Gated
 from ox.flow.limits import QueueLimits, merged
 from ox.flow.queues import read_states
 
@@ -16,10 +21,15 @@ class FlowWatch:
     def __init__(self, settings: dict[str, QueueLimits], queues: list[str]) -> None:
         self.settings = settings
         self.queues = list(dict.fromkeys(queues))
-        self.limits: dict[str, QueueLimits] = {q: settings[q] for q in self.queues if q in settings and settings[q].any}
+        self.limits: dict[str, QueueLimits] = {}  # queue -> limits, for the queues the gate claims
+        self._set({q: settings[q] for q in self.queues if q in settings and settings[q].any})
         self.next_refresh = 0.0
         self.blocked: dict[str, str] = {}  # queue -> reason, from the last gate
-        self.wake_at: dict[str, float] = {}  # queue -> epoch seconds (rates)
+        self.wake_at: dict[str, float] = {}  # queue -> epoch seconds: look again then (rates)
+        self.hold_until: dict[str, float] = {}  # queue -> epoch seconds: its rate allows nothing before
+
+    def _set(self, limited: dict[str, QueueLimits]) -> None:
+        self.limits = {q: limited.get(q, QueueLimits()) for q in self.queues} if limited else {}
 
     def refresh(self, conn: Any, force: bool = False) -> None:
         now = time.monotonic()
@@ -27,17 +37,20 @@ class FlowWatch:
             return
         self.next_refresh = now + REFRESH
         states = read_states(conn, self.queues)
-        limits = {}
+        limited = {}
         for q in self.queues:
             base = self.settings.get(q, QueueLimits())
             lim = merged(base, states[q][1]) if q in states else base
-            if lim.any:
-                limits[q] = lim
-        self.limits = limits
+            # ox_queue.limited: the unlimited claim skips the queue, so the gate must take it
+            # even if its overrides read as no limit here (a value this version cannot read).
+            if lim.any or (q in states and states[q][2]):
+                limited[q] = lim
+        self._set(limited)
         for q in list(self.blocked):
-            if q not in limits:
+            if q not in self.limits:
                 self.blocked.pop(q)
                 self.wake_at.pop(q, None)
+                self.hold_until.pop(q, None)
 
     @property
     def unlimited(self) -> list[str]:
@@ -48,24 +61,27 @@ class FlowWatch:
         for q in looked:
             self.blocked.pop(q, None)
             self.wake_at.pop(q, None)
+            self.hold_until.pop(q, None)
         self.blocked.update(gated.blocked)
         self.wake_at.update(gated.wake_at)
+        self.hold_until.update(gated.hold_until)
 
     def woken(self) -> None:
         """A NOTIFY: a task was enqueued, or a queue resumed or its limits changed."""
         self.next_refresh = 0.0
         self.blocked.clear()
         self.wake_at.clear()
+        self.hold_until.clear()
 
     def open_limited(self, epoch_now: float) -> list[str]:
-        """Limited queues worth a look now: all but those a rate holds back until later (a
+        """Gated queues worth a look now: all but those a rate holds back until later (a
         queue full by concurrency is looked at again at each claim: a poll, a slot freed
         here, a NOTIFY; another worker's slot frees without telling this one)."""
-        return [q for q in self.limits if self.wake_at.get(q, epoch_now) <= epoch_now]
+        return [q for q in self.limits if self.hold_until.get(q, epoch_now) <= epoch_now]
 
     def freed(self, queue: str) -> bool:
         """A task of `queue` finished here: a slot of it is free. True: claim again now."""
-        if self.blocked.get(queue) in ("concurrency", "key concurrency"):
+        if self.blocked.get(queue) not in (None, RATE, KEY_RATE):
             self.blocked.pop(queue, None)
             return True
         return False
