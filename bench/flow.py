@@ -25,12 +25,13 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 
 from bench import procs
 from bench.arms.base import Arm
 from bench.fleet import Fleet, wait
-from bench.tasks import LEDGER_TABLE, keyed, noop
+from bench.launch import timing_file
+from bench.tasks import LEDGER_TABLE, WORKLOADS, keyed
 
 Params = dict[str, Any]
 Result = dict[str, Any]
@@ -63,18 +64,17 @@ def _fill(p: Params) -> Callable[[], None]:
     """The backlog, written through ox's own bulk path (ox.enqueue_many)."""
     import ox
 
-    n, keys = p["n"], p.get("keys")
+    n, keys, task = p["n"], p.get("keys"), WORKLOADS[p.get("task", "noop")]
     if not keys:
-        return lambda: ox.enqueue_many(noop, [((), {})] * n)
+        return lambda: ox.enqueue_many(task, [((), {})] * n)
     limited = replace(keyed, limit_by=("account",))  # @task(limit_by="account")
     calls = [((), {"account": f"acct-{i % keys}"}) for i in range(n)]  # keys round-robin
     return lambda: ox.enqueue_many(limited, calls)
 
 
-def _spans() -> list[tuple[float, float, str | None]]:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT started_at, finished_at, limit_key FROM ox_task WHERE status = 'SUCCESSFUL'")
-        return [(s.timestamp(), f.timestamp(), k) for s, f, k in cursor.fetchall()]
+def _spans(arm: Arm) -> list[tuple[float, float, str | None]]:
+    rows = arm.model.objects.filter(status=arm.done_status).values_list("started_at", "finished_at", "limit_key")
+    return [(s.timestamp(), f.timestamp(), k) for s, f, k in rows]
 
 
 def drain_once(arm: Arm, p: Params, v: Params) -> Result:
@@ -98,14 +98,15 @@ def drain_once(arm: Arm, p: Params, v: Params) -> Result:
         cpu1, _ = procs.measure(fleet.procs)
     finally:
         fleet.stop()
-    info: dict[str, Any] = {**fleet.info(), "variant": v, "fill_s": committed - filled, "wall_s": wall}
+    info: dict[str, Any] = {**fleet.info(), "variant": v, "task": p.get("task", "noop"), "n": n, "keys": p.get("keys")}
+    info.update(fill_s=committed - filled, wall_s=wall)
     out: Result = {"info": info}
     first, last = arm.span()
     if not finished or not first or not last:
         info["notes"].append(f"DNF: {arm.done()} of {n} done in {wall:.0f} s")
         return out
     span = (last - max(first, committed_at)).total_seconds()
-    running, per_key = max_overlap(_spans())
+    running, per_key = max_overlap(_spans(arm))
     info.update(span_s=span, max_running=running, max_running_per_key=per_key)
     limits = (v.get("limits") or {}).get("default", {})
     if limits.get("concurrency") and running > limits["concurrency"]:
@@ -117,7 +118,36 @@ def drain_once(arm: Arm, p: Params, v: Params) -> Result:
     if counts is not None:
         out["statements_per_task"] = sum(counts.values()) / n
         info["sql_counts"] = counts
+    timing = sql_timing(fleet, n)
+    if timing:
+        info["sql_timing"] = timing
     return out
+
+
+def sql_timing(fleet: Fleet, n: int, top: int = 12) -> list[dict[str, Any]]:
+    """A profiling run's (BENCH_PROFILE_SQL=1) statement times summed over the workers: the
+    statements that took longest in all, with calls and ms per call and per task."""
+    total: dict[str, list[float]] = {}
+    for path in fleet.count_files:
+        try:
+            found = json.loads(timing_file(path).read_text())
+        except (OSError, ValueError):
+            continue
+        for text, (calls, seconds) in found.items():
+            record = total.setdefault(text, [0, 0.0])
+            record[0] += calls
+            record[1] += seconds
+    ranked = sorted(total.items(), key=lambda item: -item[1][1])[:top]
+    return [
+        {
+            "sql": text,
+            "calls": int(calls),
+            "total_s": round(seconds, 4),
+            "ms_per_call": round(seconds * 1000 / calls, 4) if calls else None,
+            "ms_per_task": round(seconds * 1000 / n, 4),
+        }
+        for text, (calls, seconds) in ranked
+    ]
 
 
 def _ratios(samples: dict[str, list[float | None]], pairs: dict[str, list[str]], rounds: int) -> dict[str, list]:
@@ -153,7 +183,8 @@ def compare_drain(arm: Arm, p: Params) -> Result:
             notes += [f"round {r} {name}: {note}" for note in res["info"].get("notes", [])]
             rounds_log.append({"round": r, "variant": name, **{m: res.get(m) for m in metrics}, "info": res["info"]})
     ratios = _ratios(samples["throughput"], p["ratios"], p["rounds"])
-    result: Result = {f"{m}_{name}": [x for x in samples[m][name] if x is not None] for m in metrics for name in variants}
+    kept = {m: {name: [x for x in xs if x is not None] for name, xs in samples[m].items()} for m in metrics}
+    result: Result = {f"{m}_{name}": kept[m][name] for m in metrics for name in variants}
     result.update({f"ratio_{name}": values for name, values in ratios.items()})
     result["info"] = {
         "n": p["n"],
@@ -162,7 +193,7 @@ def compare_drain(arm: Arm, p: Params) -> Result:
         "variants": list(variants.values()),
         "order": "variants rotate per round",
         "spread": {
-            **{f"throughput_{name}": _spread([x for x in v if x is not None]) for name, v in samples["throughput"].items()},
+            **{f"throughput_{name}": _spread(xs) for name, xs in kept["throughput"].items()},
             **{f"ratio_{name}": _spread(values) for name, values in ratios.items()},
         },
         "notes": notes,
@@ -171,37 +202,48 @@ def compare_drain(arm: Arm, p: Params) -> Result:
 
 
 # ------------------------------------------------------------------ unique enqueue
-def _enqueue_n(task: Any, n: int) -> float:
-    """n sequential enqueues (autocommit) of distinct arguments; tasks/s."""
+def _timed(task: Any, accounts: list[str]) -> tuple[float, list[Any]]:
+    """Sequential enqueues (autocommit), one per account; seconds and the results."""
     started = time.perf_counter()
-    for i in range(n):
-        task.enqueue(account=f"acct-{i}")
-    return n / (time.perf_counter() - started)
+    results = [task.enqueue(account=account) for account in accounts]
+    return time.perf_counter() - started, results
+
+
+# A duplicate needs its unique call first: that pair keeps its order, plain moves around it.
+ORDERS = (("plain", "unique", "duplicate"), ("unique", "plain", "duplicate"), ("unique", "duplicate", "plain"))
 
 
 def compare_enqueue(arm: Arm, p: Params) -> Result:
-    """Per round, on an emptied table each: n plain enqueues; n unique ones (each inserts) and
-    then the same n again (each a duplicate). The two steps' order alternates per round."""
+    """Per round, on an emptied table: n plain enqueues, n unique ones (distinct arguments:
+    each inserts) and the same n unique calls again (each a duplicate), interleaved in chunks
+    of `chunk` calls (plain, unique, duplicate; the order rotating per chunk), so the machine's
+    noise of the moment falls on all three alike. Per kind: calls over the summed time."""
     if arm.name != "ox":
         raise RuntimeError("the unique-enqueue cell measures ox's unique tasks")
     import ox
-    from ox.models import Task as TaskRow
 
-    n = p["n"]
+    n, chunk = p["n"], p.get("chunk", 100)
     unique = replace(keyed, unique=True)  # @task(unique=True): the key hashes the arguments
-    samples: dict[str, list[float]] = {"plain": [], "unique": [], "duplicate": []}
+    kinds = ["plain", "unique", "duplicate"]
+    samples: dict[str, list[float]] = {k: [] for k in kinds}
     notes: list[str] = []
     for r in range(p["rounds"]):
-        for step in rotated(["plain", "unique"], r):
-            arm.reset([LEDGER_TABLE])
-            if step == "plain":
-                samples["plain"].append(_enqueue_n(keyed, n))
-                continue
-            samples["unique"].append(_enqueue_n(unique, n))
-            samples["duplicate"].append(_enqueue_n(unique, n))
-            rows = TaskRow.objects.count()
-            if rows != n or not ox.is_duplicate(unique.enqueue(account="acct-0")):
-                notes.append(f"round {r}: {rows} rows after {n} unique + {n} duplicate enqueues (want {n})")
+        arm.reset([LEDGER_TABLE])
+        spent = dict.fromkeys(kinds, 0.0)
+        for c in range(n // chunk):
+            accounts = {k: [f"{k[0]}-{c}-{i}" for i in range(chunk)] for k in ("plain", "unique")}
+            accounts["duplicate"] = accounts["unique"]
+            for kind in ORDERS[(r + c) % 3]:
+                seconds, results = _timed(keyed if kind == "plain" else unique, accounts[kind])
+                spent[kind] += seconds
+                if kind == "duplicate" and not all(ox.is_duplicate(x) for x in results):
+                    notes.append(f"round {r} chunk {c}: a repeated unique call was not answered as a duplicate")
+        calls = n // chunk * chunk
+        for kind in kinds:
+            samples[kind].append(calls / spent[kind])
+        rows = arm.model.objects.count()
+        if rows != 2 * calls:
+            notes.append(f"round {r}: {rows} rows after {calls} plain + {calls} unique calls, want {2 * calls}")
     rounds = p["rounds"]
     ratio_unique = [samples["unique"][r] / samples["plain"][r] for r in range(rounds)]
     ratio_dup = [samples["duplicate"][r] / samples["plain"][r] for r in range(rounds)]
@@ -213,9 +255,13 @@ def compare_enqueue(arm: Arm, p: Params) -> Result:
         "ratio_duplicate_plain": ratio_dup,
         "info": {
             "n": n,
+            "chunk": chunk,
             "rounds": rounds,
-            "order": "plain first in even rounds, unique (then duplicate) first in odd ones",
-            "spread": {k: _spread(v) for k, v in {**samples, "unique/plain": ratio_unique}.items()},
+            "order": "per round an emptied table; chunks of plain / unique / duplicate calls, order rotating",
+            "spread": {
+                k: _spread(v)
+                for k, v in {**samples, "unique/plain": ratio_unique, "duplicate/plain": ratio_dup}.items()
+            },
             "notes": notes,
         },
     }

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from bench import procs
+from bench import flow, procs
 from bench.arms.base import Arm
 from bench.fleet import Fleet, wait
 from bench.tasks import LEDGER_TABLE, WORKLOADS, ledger, noop, stamp
@@ -64,7 +64,10 @@ def describe(arm: Arm, p: Params) -> Result:
 
 
 def enqueue_seq(arm: Arm, p: Params) -> Result:
-    """N sequential task.enqueue() calls, each its own autocommit transaction."""
+    """N sequential task.enqueue() calls, each its own autocommit transaction. With
+    `variants`: ox's plain against unique enqueues in rounds (bench.flow.compare_enqueue)."""
+    if p.get("variants"):
+        return flow.compare_enqueue(arm, p)
     _reset(arm)
     n = p["n"]
     started = time.perf_counter()
@@ -102,7 +105,10 @@ def drain(arm: Arm, p: Params) -> Result:
     """Workers boot on an empty queue and go idle; then a backlog of N tasks is committed in
     one transaction and drained. Throughput spans the first start to the last finish written
     in the task rows (boot and the first idle poll excluded); CPU is the workers' utime+stime
-    from the commit to the end, over N; peak RSS is the summed VmHWM of the worker processes."""
+    from the commit to the end, over N; peak RSS is the summed VmHWM of the worker processes.
+    With `variants`: ox with and without limits in rounds (bench.flow.compare_drain)."""
+    if p.get("variants"):
+        return flow.compare_drain(arm, p)
     _reset(arm)
     n, task = p["n"], WORKLOADS[p.get("task", "noop")]
     fleet = Fleet(arm, p)
