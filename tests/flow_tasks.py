@@ -78,3 +78,8 @@ def unique_fails_once(context, n: int) -> int:
     if context.attempt == 1:
         raise ValueError("first attempt fails")
     return n
+
+
+@task(unique=True)
+def unique_defaults(n: int = 1, *, label: str = "x") -> int:
+    return n

@@ -107,6 +107,19 @@ def _signature(func: Callable[..., Any]) -> inspect.Signature | None:
         return None
 
 
+@functools.lru_cache(maxsize=1024)
+def _plain(func: Callable[..., Any], context: bool) -> tuple[tuple[str, ...], dict[str, Any]] | None:
+    """(names, defaults) of a function whose parameters are all positional-or-keyword (the
+    common case, bound here without inspect's bind()); None for any other signature."""
+    sig = _signature(func)
+    if sig is None:
+        return None
+    params = list(sig.parameters.values())[1 if context else 0 :]
+    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return None
+    return tuple(p.name for p in params), {p.name: p.default for p in params if p.default is not p.empty}
+
+
 def bound(task: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """The call as the function sees it, name -> value, defaults filled in: f(1) and f(n=1)
     are one call. None when the function has no signature to bind to, or the call does not
@@ -116,6 +129,22 @@ def bound(task: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, A
     if sig is None:
         return None
     context = bool(getattr(task, "takes_context", False))
+    plain = _plain(func, context)
+    if plain is not None:
+        names, defaults = plain
+        if len(args) > len(names):
+            return None
+        values = dict(zip(names, args, strict=False))
+        for name, value in kwargs.items():
+            if name in values or name not in names:
+                return None
+            values[name] = value
+        for name in names:
+            if name not in values:
+                if name not in defaults:
+                    return None
+                values[name] = defaults[name]
+        return values
     try:
         call = sig.bind(*([None] if context else []), *args, **kwargs)
     except TypeError:
