@@ -61,6 +61,9 @@ class Decision:
         self.refused_keys: set[tuple[str, str]] = set()  # full or rate-held keys seen
         self.rate_changed: set[str] = set()
         self.key_changed: set[tuple[str, str]] = set()
+        # Keys whose earliest task seen was passed over in this claim (refused, or of a kind
+        # without room): their later tasks wait too, so order holds within a key.
+        self.passed: set[tuple[str, str]] = set()
 
     def _refuse(self, c: Candidate, why: str, wake: float | None = None) -> bool:
         self.refused.setdefault(c.queue, set()).add(why)
@@ -72,8 +75,17 @@ class Decision:
                 self.rate_wakes[c.queue] = wake
         return False
 
-    def keys_held(self) -> bool:
-        return any(why in (KEYS, KEY_RATE) for reasons in self.refused.values() for why in reasons)
+    def held_by_keys(self, queue: str) -> bool:
+        """Whether the queue passed over tasks for their keys and could still give more: a
+        longer look past them may find tasks of free keys. (Not when the queue itself is
+        full, or its own rate is spent: nothing more would be taken.)"""
+        lim = self.limits[queue]
+        if lim.concurrency is not None and self.running[queue] >= lim.concurrency:
+            return False
+        if queue in self.rate_wakes:
+            return False
+        reasons = self.refused.get(queue, set())
+        return bool(reasons & {KEYS, KEY_RATE}) or any(q == queue for q, _k in self.passed)
 
     def offer(self, c: Candidate) -> bool:
         lim = self.limits[c.queue]

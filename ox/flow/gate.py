@@ -27,7 +27,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ox import sql
 from ox.flow import gate_pg
 from ox.flow.decide import CONCURRENCY, KEY_RATE, KEYS, PAUSED, RATE, Candidate, Decision, Gated
-from ox.flow.keywalk import free_key_heads
+from ox.flow.keywalk import free_key_heads, keyless_heads
 from ox.flow.limits import QueueLimits
 
 __all__ = ["CONCURRENCY", "KEYS", "KEY_RATE", "PAUSED", "RATE", "Gated", "claim_limited", "prune_key_rates"]
@@ -180,9 +180,9 @@ def _claim_pg(
     retried: bool = False,
 ) -> tuple[set[tuple[uuid.UUID, int]], Gated]:
     """PostgreSQL: the same steps in two round trips (ox.flow.gate_pg)."""
-    windows = (_window(demand[0]), _window(demand[1]))
+    windows = _windows(limits, names, demand)
     try:
-        written, states, running, kinds = gate_pg.lock_and_read(conn, names, demand, windows, now, done)
+        written, states, running, reads = gate_pg.lock_and_read(conn, names, windows, now, done)
         if len(states) < len(names):
             # A queue without its row has nothing to lock: make the rows, then start again.
             gate_pg.rollback(conn)
@@ -192,9 +192,9 @@ def _claim_pg(
             return _claim_pg(conn, worker_id, limits, names, demand, now, lease, done, retried=True)
         open_names = [n for n in names if not states[n][0]]
         decision = Decision(limits, {q: tat for q, (_p, tat) in states.items()}, running, now.timestamp())
-        first = [[c for c in kind if c.queue in open_names] for kind in kinds]
         if open_names:
-            _offer(conn, decision, open_names, demand, now, (first, windows))
+            # (A paused queue's window is empty: the read skips paused queues.)
+            _offer(conn, decision, open_names, demand, now, (reads, windows))
         out = decision.outcome()
         out.claimed = gate_pg.finish(
             conn,
@@ -213,44 +213,58 @@ def _claim_pg(
     return written, out
 
 
+Windows = dict[tuple[str, int], int]  # (queue, kind) -> candidates to read
+
+
+def _windows(limits: dict[str, QueueLimits], names: list[str], demand: tuple[int, int]) -> Windows:
+    """Per queue and kind, how many due tasks to read. A queue with key limits is read for
+    both kinds even when one has no room: a key's older task of that kind then holds back
+    its newer ones of the other (order within a key)."""
+    out: Windows = {}
+    for queue in names:
+        for flag in (0, 1):
+            if demand[flag] > 0:
+                out[(queue, flag)] = _window(demand[flag])
+            elif limits[queue].keyed:
+                out[(queue, flag)] = WINDOW_MIN
+    return out
+
+
 def _offer(
     conn: BaseDatabaseWrapper,
     decision: Decision,
     names: list[str],
     demand: tuple[int, int],
     now: datetime,
-    first: tuple[list[list[Candidate]], tuple[int, int]] | None,
+    first: tuple[dict[tuple[str, int], list[Candidate]], Windows] | None,
 ) -> None:
-    """Offer the due tasks of both kinds merged in claim order (a key's older async task
-    before its newer sync one), each kind up to its demand. When key limits pass over every
-    task read and there may be more, read again a window four times as long (up to
-    WINDOW_MAX), then walk the other keys' first tasks (ox.flow.keywalk): tasks of full keys
-    at the head of a queue never hide the others, and what a claim reads stays bounded.
-    `first`: candidates already read (PostgreSQL reads them with the lock) and their windows."""
+    """Offer the due tasks of every queue and kind merged in claim order, each kind up to its
+    demand. Where key limits passed over every task of a queue's window and there may be
+    more, read that window again four times as long (up to WINDOW_MAX), then walk the
+    queue's other keys (ox.flow.keywalk): tasks of full keys at the head of a queue never
+    hide the others, and what a claim reads stays bounded. `first`: the windows PostgreSQL
+    read with the lock, and their sizes."""
     got = [0, 0]
-    windows = [_window(demand[0]), _window(demand[1])]
     seen: set[object] = set()
+    if first is not None:
+        reads, windows = first
+    else:
+        windows = _windows(decision.limits, names, demand)
+        reads = {k: _candidates(conn, [k[0]], k[1], now, w) for k, w in windows.items()}
     while True:
-        if first is not None:
-            kinds, read = first
-            windows = list(read)
-            first = None
-        else:
-            kinds = [
-                _candidates(conn, names, flag, now, windows[flag]) if got[flag] < want else []
-                for flag, want in enumerate(demand)
-            ]
-        full = [len(kinds[flag]) >= windows[flag] for flag in (0, 1)]
-        _offer_sorted(conn, decision, [c for kind in kinds for c in kind if c.id not in seen], demand, got, seen)
-        wanting = [flag for flag in (0, 1) if got[flag] < demand[flag]]
-        if not wanting or not decision.keys_held():
+        _offer_sorted(conn, decision, [c for cs in reads.values() for c in cs], demand, got, seen)
+        if got[0] >= demand[0] and got[1] >= demand[1]:
             return
-        if any(full[flag] and windows[flag] < WINDOW_MAX for flag in wanting):
-            windows = [min(w * 4, WINDOW_MAX) for w in windows]
-            continue
-        if any(full[flag] for flag in wanting):
-            _walk_keys(conn, decision, names, demand, now, got, seen, wanting)
-        return
+        hidden = [k for k, cs in reads.items() if len(cs) >= windows[k] and decision.held_by_keys(k[0])]
+        if not hidden:
+            return
+        longer = {k: min(windows[k] * 4, WINDOW_MAX) for k in hidden if windows[k] < WINDOW_MAX}
+        if not longer:
+            for queue in sorted({q for q, _f in hidden}):
+                _walk_keys(conn, decision, queue, demand, now, got, seen)
+            return
+        windows.update(longer)
+        reads = {k: _candidates(conn, [k[0]], k[1], now, w) for k, w in longer.items()}
 
 
 def _offer_sorted(
@@ -261,37 +275,46 @@ def _offer_sorted(
     got: list[int],
     seen: set[object],
 ) -> None:
-    candidates.sort(key=lambda c: c.order)
+    candidates = sorted((c for c in candidates if c.id not in seen), key=lambda c: c.order)
     pairs = {(c.queue, c.limit_key) for c in candidates if c.limit_key is not None}
     pairs = {p for p in pairs if decision.limits[p[0]].key_rate is not None and p not in decision.key_tats}
     decision.key_tats.update(_key_rates(conn, pairs))
     for c in candidates:
-        flag = int(c.is_async)
-        if got[flag] >= demand[flag] or c.id in seen:
-            continue
         seen.add(c.id)
-        got[flag] += decision.offer(c)
+        pair = (c.queue, c.limit_key) if c.limit_key is not None else None
+        if pair is not None and pair in decision.passed:
+            continue  # an earlier task of its key waits: so does this one
+        flag = int(c.is_async)
+        if got[flag] < demand[flag] and decision.offer(c):
+            got[flag] += 1
+        elif pair is not None:
+            decision.passed.add(pair)
 
 
 def _walk_keys(
     conn: BaseDatabaseWrapper,
     decision: Decision,
-    names: list[str],
+    queue: str,
     demand: tuple[int, int],
     now: datetime,
     got: list[int],
     seen: set[object],
-    wanting: list[int],
 ) -> None:
-    for queue in names:
-        if not decision.limits[queue].keyed:
-            continue
-        skip = {k for q, k in decision.refused_keys if q == queue}
-        for flag in wanting:
-            left = demand[flag] - got[flag]
-            if left > 0:
-                heads = free_key_heads(conn, queue, flag, now, skip, left)
-                _offer_sorted(conn, decision, heads, demand, got, seen)
+    """Past WINDOW_MAX: the first due tasks of the keys not full (nor passed over in this
+    claim), and the first tasks without a key, offered in claim order."""
+    lim = decision.limits[queue]
+    full = {
+        k
+        for (q, k), n in decision.per_key.items()
+        if q == queue and lim.key_concurrency is not None and n >= lim.key_concurrency
+    }
+    skip = full | {k for q, k in decision.passed if q == queue}
+    heads = free_key_heads(conn, queue, now, skip)
+    for flag in (0, 1):
+        left = demand[flag] - got[flag]
+        if left > 0:
+            heads += keyless_heads(conn, queue, now, flag, left)
+    _offer_sorted(conn, decision, heads, demand, got, seen)
 
 
 def _set_running(conn: BaseDatabaseWrapper, worker_id: str, ids: list[object], lease: datetime) -> list[sql.Claimed]:

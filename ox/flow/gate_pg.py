@@ -49,19 +49,18 @@ def _marks(values: Sequence[object]) -> str:
 def lock_and_read(
     conn: BaseDatabaseWrapper,
     names: list[str],
-    demand: tuple[int, int],
-    windows: tuple[int, int],
+    windows: dict[tuple[str, int], int],
     now: datetime,
     done: Sequence[sql.Completion],
 ) -> tuple[
     set[tuple[Any, int]],
     dict[str, tuple[bool, float | None]],
     tuple[Counter[str], Counter[tuple[str, str]]],
-    list[list[Candidate]],
+    dict[tuple[str, int], list[Candidate]],
 ]:
     """Round trip one. Returns the completions written, the queues' rows (paused, rate_tat),
-    the RUNNING counts (per queue, per (queue, key)) and per kind the candidates in claim
-    order. The transaction is left open, holding the locks."""
+    the RUNNING counts (per queue, per (queue, key)) and per (queue, kind) its window of
+    candidates in claim order. The transaction is left open, holding the locks."""
     # READ COMMITTED whatever the database's default: the read after the lock must see what
     # the last holder committed (a REPEATABLE READ snapshot would predate the lock).
     parts: list[str] = ["BEGIN ISOLATION LEVEL READ COMMITTED"]
@@ -79,12 +78,11 @@ def lock_and_read(
         f" WHERE status = 'RUNNING' AND queue IN ({_marks(names)}) GROUP BY queue, limit_key"
     ]
     params += names
-    for flag, (want, window) in enumerate(zip(demand, windows, strict=True)):
-        if want <= 0:
-            continue
+    for (queue, flag), window in sorted(windows.items()):
+        # A window per queue: one queue's backlog never crowds another's tasks out of it.
         cand, cand_params = sql.candidates_sql(
             "true" if flag else "false",
-            names,
+            [queue],
             now,
             window,
             window,
@@ -103,17 +101,17 @@ def lock_and_read(
     states = {name: (bool(paused), tat) for name, paused, tat in results[-2] or []}
     per_queue: Counter[str] = Counter()
     per_key: Counter[tuple[str, str]] = Counter()
-    kinds: list[list[Candidate]] = [[], []]
+    found: dict[tuple[str, int], list[Candidate]] = {k: [] for k in windows}
     for kind, task_id, queue, key, count, priority, run_after in results[-1] or []:
         if kind < 0:
             per_queue[queue] += count
             if key is not None:
                 per_key[(queue, key)] += count
         else:
-            kinds[kind].append(Candidate(task_id, queue, bool(kind), key, priority, run_after))
-    for rows in kinds:
+            found[(queue, kind)].append(Candidate(task_id, queue, bool(kind), key, priority, run_after))
+    for rows in found.values():
         rows.sort(key=lambda c: c.order)
-    return written, states, (per_queue, per_key), kinds
+    return written, states, (per_queue, per_key), found
 
 
 def finish(

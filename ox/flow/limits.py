@@ -3,8 +3,9 @@
 
 concurrency: at most N tasks of the queue RUNNING across all workers; key_concurrency: at
 most N RUNNING per limit key (a task's key comes from its arguments, @task(limit_by=...));
-rate: at most N starts per period for the queue, spread evenly (a start every period/N,
-with `burst` starts allowed at once); key_rate: the same per limit key.
+rate: at most N starts per period for the queue, spread evenly (a start every period/N;
+`burst` B lets B start at once after a quiet spell, on top of the rate: at most N + B - 1 in
+any period); key_rate: the same per limit key.
 """
 
 import math

@@ -81,10 +81,15 @@ def set_limits(name: str, overrides: dict[str, Any], using: str | None = None, b
     # A rate changed at run time holds from now: the schedules made under the old one (an
     # hour ahead, for 1/h) are dropped. (A rate changed in the settings holds within one
     # interval of the new rate: ox.flow.limits clamps a schedule too far ahead.) {} resets both.
-    fresh = {} if ("rate" not in overrides and overrides) else {"rate_tat": None}
     with transaction.atomic(using=db):
+        row = QueueState.objects.using(db).select_for_update().filter(name=name).first()
+        old = dict(row.overrides) if row is not None and isinstance(row.overrides, dict) else {}
+        # Only a rate that changes starts afresh: re-saving the same rate with another field
+        # (the dashboard's form carries every override in force) must not grant a start.
+        changed = {f for f in ("rate", "key_rate") if old.get(f) != clean.get(f)}
+        fresh = {"rate_tat": None} if "rate" in changed else {}
         state = _write(check_name(name), db, by, overrides=clean, limited=limited, **fresh)
-        if "key_rate" in overrides or not overrides:
+        if "key_rate" in changed:
             KeyRate.objects.using(db).filter(queue=name).delete()
     return state
 

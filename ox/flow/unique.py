@@ -143,25 +143,57 @@ def bound(task: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, A
             if name not in values:
                 if name not in defaults:
                     return None
-                values[name] = defaults[name]
+                values[name] = _default(name, defaults[name])
         return values
     try:
         call = sig.bind(*([None] if context else []), *args, **kwargs)
     except TypeError:
         return None
+    given = set(call.arguments)
     call.apply_defaults()
-    values = dict(call.arguments)
+    values = {k: v if k in given else _default(k, v) for k, v in call.arguments.items()}
     if context:
         values.pop(next(iter(sig.parameters)), None)
     return values
 
 
+def _default(name: str, value: Any) -> Any:
+    """A default filled in by bound(): itself when JSON can say it, else a marker naming the
+    parameter (the same in every process: a sentinel's repr() holds its address)."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return f"<default of {name}>"
+    return value
+
+
+def _positional_name(task: Any, index: int) -> str | None:
+    func = getattr(task, "func", None)
+    sig = _signature(func) if func is not None else None
+    if sig is None:
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = [p.name for p in sig.parameters.values() if p.kind in kinds]
+    names = names[1:] if getattr(task, "takes_context", False) else names
+    return names[index] if index < len(names) else None
+
+
 def _pick(
-    args: Sequence[Any], kwargs: dict[str, Any], call: dict[str, Any] | None, by: tuple[str | int, ...], what: str
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    call: dict[str, Any] | None,
+    by: tuple[str | int, ...],
+    what: str,
+    task: Any = None,
 ) -> list[Any]:
     picked = []
     for name in by:
         if isinstance(name, int):
+            # A position names the parameter there, so f(1) and f(n=1) pick the same value.
+            named = _positional_name(task, name) if call is not None else None
+            if named is not None and named in call:  # type: ignore[operator]
+                picked.append(call[named])  # type: ignore[index]
+                continue
             if name >= len(args):
                 raise InvalidTask(f"{what} uses positional argument {name}, but the call has {len(args)}")
             picked.append(args[name])
@@ -193,7 +225,7 @@ def unique_key(
     elif unique.by is None:
         parts = ["call", call] if call is not None else ["args", list(args), kwargs]
     else:
-        parts = ["by", _pick(args, kwargs, call, unique.by, "unique by=")]
+        parts = ["by", _pick(args, kwargs, call, unique.by, "unique by=", task)]
     until = None
     if unique.period is not None:
         window = math.floor(now.timestamp() / unique.period)
@@ -205,7 +237,7 @@ def unique_key(
 def limit_key(task: Any, by: tuple[str | int, ...], args: Sequence[Any], kwargs: dict[str, Any]) -> str:
     """A task's limit key from its arguments (@task(limit_by=...)): the values as compact
     JSON, so the dashboard shows which customer or account a task waits for."""
-    values = _pick(args, kwargs, bound(task, args, kwargs), by, "limit_by=")
+    values = _pick(args, kwargs, bound(task, args, kwargs), by, "limit_by=", task)
     text = _text(values[0] if len(values) == 1 else values)
     return text if len(text) <= 200 else "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 

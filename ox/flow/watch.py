@@ -45,7 +45,13 @@ class FlowWatch:
             # even if its overrides read as no limit here (a value this version cannot read).
             if lim.any or (q in states and states[q][2]):
                 limited[q] = lim
+        before = self.limits
         self._set(limited)
+        for q, lim in self.limits.items():
+            if before.get(q) != lim:  # limits changed (a run-time override): look afresh
+                self.blocked.pop(q, None)
+                self.wake_at.pop(q, None)
+                self.hold_until.pop(q, None)
         for q in list(self.blocked):
             if q not in self.limits:
                 self.blocked.pop(q)
@@ -72,6 +78,18 @@ class FlowWatch:
         self.blocked.clear()
         self.wake_at.clear()
         self.hold_until.clear()
+
+    def wakes(self, epoch_now: float) -> list[float]:
+        """When to look again for queues a rate holds back: per queue the later of its keys'
+        earliest next start and its own rate's; times already past are left to the next
+        claim (which looks at every queue not held), so they never make the worker spin."""
+        out = []
+        for q, at in self.wake_at.items():
+            at = max(at, self.hold_until.get(q, at))
+            if at > epoch_now:
+                out.append(at)
+        out += [at for q, at in self.hold_until.items() if q not in self.wake_at and at > epoch_now]
+        return out
 
     def open_limited(self, epoch_now: float) -> list[str]:
         """Gated queues worth a look now: all but those a rate holds back until later (a
