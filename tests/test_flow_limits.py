@@ -123,9 +123,11 @@ def test_rate_limit_spreads_starts_and_the_worker_sleeps_until_the_next_token(st
     in_window = [s for s in starts if first <= s < first + 20.0]
     assert 950 <= len(in_window) <= 1050, len(in_window)
     per_second = [sum(1 for s in in_window if first + i <= s < first + i + 1) for i in range(20)]
-    # Never a burst above the rate; a second well below it is this machine stalling the
-    # workers (GCRA does not make lost time up with a burst), not the limit.
-    assert max(per_second) <= 60 and min(per_second) >= 25, per_second
+    # Never a burst above the rate, and starts spread over the whole window: all but two of
+    # its seconds near the rate. (A second well below it is the machine stalling the worker
+    # that holds the queue's lock: the CI machine has two cores. GCRA makes no lost time up
+    # with a burst.)
+    assert max(per_second) <= 60 and sorted(per_second)[2] >= 40, per_second
     claims = sum(int(m) for w in workers for m in re.findall(r"worker stopped .*?claims=(\d+)", w.output()))
     assert claims <= 3 * len(starts) + 100, (claims, len(starts))
 
