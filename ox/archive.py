@@ -74,12 +74,7 @@ FINISHED_TERM = "status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')"
 
 # A finished row that holds its unique key: its status is one its unique_states keep, and
 # its period's window (if any) has not ended by the cutoff. ox.models.UNIQUE_HELD, finished part.
-HOLDS_KEY = (
-    "unique_key IS NOT NULL AND (unique_until IS NULL OR unique_until >= %s)"
-    " AND ((status = 'SUCCESSFUL' AND unique_states IN (1, 3, 5, 7))"
-    " OR (status = 'FAILED' AND unique_states IN (2, 3, 6, 7))"
-    " OR (status = 'CANCELLED' AND unique_states IN (4, 5, 6, 7)))"
-)
+HOLDS_KEY = f"unique_key IS NOT NULL AND (unique_until IS NULL OR unique_until >= %s) AND ({sql.HELD_FINISHED})"
 
 
 def batch_sql(conn: BaseDatabaseWrapper) -> list[str]:

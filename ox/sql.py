@@ -456,12 +456,13 @@ _INSERT_COLUMNS = (
 )
 
 # ox.models.UNIQUE_HELD as SQL: the rows that hold their unique key.
-UNIQUE_HELD = (
-    "unique_key IS NOT NULL AND (status IN ('READY', 'RUNNING')"
-    " OR (status = 'SUCCESSFUL' AND unique_states IN (1, 3, 5, 7))"
+# The finished rows whose unique_states keep the key (bits 1 SUCCESSFUL, 2 FAILED, 4 CANCELLED).
+HELD_FINISHED = (
+    "(status = 'SUCCESSFUL' AND unique_states IN (1, 3, 5, 7))"
     " OR (status = 'FAILED' AND unique_states IN (2, 3, 6, 7))"
-    " OR (status = 'CANCELLED' AND unique_states IN (4, 5, 6, 7)))"
+    " OR (status = 'CANCELLED' AND unique_states IN (4, 5, 6, 7))"
 )
+UNIQUE_HELD = f"unique_key IS NOT NULL AND (status IN ('READY', 'RUNNING') OR {HELD_FINISHED})"
 
 
 def _one_row(conn: BaseDatabaseWrapper, r: NewTask) -> tuple[str, list[object]]:

@@ -3,10 +3,13 @@ queue allows it now, with what runs and the rate schedules counted as it goes; t
 queue gave less than it had, and when a rate lets it start again."""
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from ox.flow.limits import QueueLimits, next_start, take
+from ox.sql import _read_ts
 
 # Why a queue gave fewer tasks than it had due (the dashboard and the worker's wake-up read it).
 PAUSED, CONCURRENCY, KEYS, RATE, KEY_RATE = "paused", "concurrency", "key concurrency", "rate", "key rate"
@@ -21,6 +24,11 @@ class Candidate:
     limit_key: str | None
     priority: int
     run_after: datetime
+
+    @classmethod
+    def of(cls, r: Sequence[Any]) -> "Candidate":
+        """From a row of (id, queue, is_async, limit_key, priority, run_after)."""
+        return cls(r[0], str(r[1]), bool(r[2]), r[3], int(r[4]), _read_ts(r[5]))
 
     @property
     def order(self) -> tuple[int, datetime, str]:

@@ -42,10 +42,6 @@ WINDOW_MAX = 1000
 _CANDIDATE = "id, queue, is_async, limit_key, priority, run_after"
 
 
-def _candidate(r: Sequence[object]) -> Candidate:
-    return Candidate(r[0], str(r[1]), bool(r[2]), r[3], int(r[4]), sql._read_ts(r[5]))  # type: ignore[arg-type]
-
-
 def _lock(conn: BaseDatabaseWrapper, names: list[str]) -> dict[str, tuple[bool, float | None]]:
     """Make sure each queue has its row, lock the rows in name order; name -> (paused, rate_tat)."""
     _ensure_rows(conn, names)
@@ -94,7 +90,7 @@ def _candidates(conn: BaseDatabaseWrapper, names: list[str], flag: int, now: dat
         query, params = sql.candidates_sql("true" if flag else "false", names, now, window, window, gate=True)
         with conn.cursor() as cursor:
             cursor.execute(f"SELECT {_CANDIDATE} FROM ox_task WHERE id IN ({query})", params)
-            return sorted((_candidate(r) for r in cursor.fetchall()), key=lambda c: c.order)
+            return sorted((Candidate.of(r) for r in cursor.fetchall()), key=lambda c: c.order)
     levels = sql._sqlite_levels(conn, names, gate=True)
     ids = sql._sqlite_pick(conn, flag, names, levels, sql._ts(conn, now), window)
     if not ids:
@@ -103,7 +99,7 @@ def _candidates(conn: BaseDatabaseWrapper, names: list[str], flag: int, now: dat
         cursor.execute(
             f"SELECT {_CANDIDATE} FROM ox_task WHERE id IN (SELECT value FROM json_each(%s))", [json.dumps(ids)]
         )
-        return sorted((_candidate(r) for r in cursor.fetchall()), key=lambda c: c.order)
+        return sorted((Candidate.of(r) for r in cursor.fetchall()), key=lambda c: c.order)
 
 
 def _key_rates(conn: BaseDatabaseWrapper, pairs: set[tuple[str, str]]) -> dict[tuple[str, str], float]:

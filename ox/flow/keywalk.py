@@ -35,7 +35,7 @@ def _fetch(conn: BaseDatabaseWrapper, ids: list[object]) -> list[Candidate]:
                 f"SELECT {_COLUMNS} FROM ox_task WHERE id IN (SELECT value FROM json_each(%s))", [json.dumps(ids)]
             )
         rows = cursor.fetchall()
-    return [Candidate(r[0], r[1], bool(r[2]), r[3], r[4], sql._read_ts(r[5])) for r in rows]
+    return [Candidate.of(r) for r in rows]
 
 
 def free_key_heads(conn: BaseDatabaseWrapper, queue: str, now: datetime, skip: Collection[str]) -> list[Candidate]:
@@ -75,4 +75,4 @@ def keyless_heads(conn: BaseDatabaseWrapper, queue: str, now: datetime, flag: in
             [queue, sql._ts(conn, now), limit],
         )
         rows = cursor.fetchall()
-    return [Candidate(r[0], r[1], bool(r[2]), r[3], r[4], sql._read_ts(r[5])) for r in rows]
+    return [Candidate.of(r) for r in rows]

@@ -21,6 +21,7 @@ class QueueView:
     limits: QueueLimits  # in force: the settings with the overrides on top
     settings: QueueLimits  # TASKS[...]["OPTIONS"]["LIMITS"] alone
     overrides: dict[str, Any]
+    rate_tat: float | None = None  # the queue rate's GCRA schedule (epoch seconds)
 
 
 def _db(using: str | None) -> str:
@@ -104,7 +105,8 @@ def views(settings: dict[str, QueueLimits], names: list[str], using: str | None 
         row = rows.get(name)
         base = settings.get(name, QueueLimits())
         overrides = dict(row.overrides) if row and isinstance(row.overrides, dict) else {}
-        out.append(QueueView(name, bool(row and row.paused), merged(base, overrides), base, overrides))
+        tat = row.rate_tat if row is not None else None
+        out.append(QueueView(name, bool(row and row.paused), merged(base, overrides), base, overrides, tat))
     return out
 
 

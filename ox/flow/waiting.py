@@ -20,7 +20,7 @@ from ox import clock
 from ox.flow.limits import QueueLimits, next_start
 from ox.flow.queues import QueueView, views
 from ox.health import backlog
-from ox.models import KeyRate, QueueState, Status, Task, TaskBase
+from ox.models import KeyRate, Status, Task, TaskBase
 from ox.paging import COUNT_CAP
 
 
@@ -69,7 +69,6 @@ def queue_flows(queues: list[str] | None = None, using: str | None = None) -> li
     now = clock.now_on(db)
     names = list(queues) if queues is not None else configured_queues()
     found = views(settings_limits(), names, db)
-    rows = {r.name: r for r in QueueState.objects.using(db).filter(name__in=[v.name for v in found])}
     per_key: Counter[tuple[str, str | None]] = Counter()
     running = (
         Task.objects.using(db)
@@ -100,9 +99,8 @@ def queue_flows(queues: list[str] | None = None, using: str | None = None) -> li
             }
             if flow.full_keys:
                 flow.reasons.append(f"{len(flow.full_keys)} key(s) at their limit of {lim.key_concurrency}")
-        row = rows.get(view.name)
-        if lim.rate is not None and row is not None and row.rate_tat is not None:
-            at = next_start(row.rate_tat, now.timestamp(), lim.rate)
+        if lim.rate is not None and view.rate_tat is not None:
+            at = next_start(view.rate_tat, now.timestamp(), lim.rate)
             if at > now.timestamp():
                 flow.next_start_at = _epoch(at)
                 flow.reasons.append(f"rate {lim.rate}: next start at {flow.next_start_at.isoformat()}")
