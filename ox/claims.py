@@ -209,7 +209,7 @@ class Claims:
         now = clock.db_now(w.conn)
         queues = [q for q in w.settings.queues if q not in w.flow.blocked]
         earliest = sql.earliest_ready(w.conn, queues, (sync_room > 0, async_room > 0), gate=True) if queues else None
-        for at in w.flow.wakes(now.timestamp()):
+        for at in w.flow.wakes():
             wait = min(wait, max(at - now.timestamp(), 0.001))
         if earliest is not None:
             wait = min(wait, max((earliest - now).total_seconds(), 0.001))

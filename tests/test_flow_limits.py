@@ -123,13 +123,31 @@ def test_rate_limit_spreads_starts_and_the_worker_sleeps_until_the_next_token(st
     in_window = [s for s in starts if first <= s < first + 20.0]
     assert 950 <= len(in_window) <= 1050, len(in_window)
     per_second = [sum(1 for s in in_window if first + i <= s < first + i + 1) for i in range(20)]
-    # Never a burst above the rate, and starts spread over the whole window: all but two of
-    # its seconds near the rate. (A second well below it is the machine stalling the worker
-    # that holds the queue's lock: the CI machine has two cores. GCRA makes no lost time up
-    # with a burst.)
-    assert max(per_second) <= 60 and sorted(per_second)[2] >= 40, per_second
+    # Never a burst above the rate, and starts spread over the whole window: every second
+    # near the rate. (CI once saw 775 starts, with seconds of 2: a worker whose next token
+    # came due while it was still deciding how long to sleep slept a whole poll interval;
+    # with two CPU-bound processes beside it on two cores it now gives ~980.)
+    assert max(per_second) <= 60 and min(per_second) >= 40, per_second
     claims = sum(int(m) for w in workers for m in re.findall(r"worker stopped .*?claims=(\d+)", w.output()))
     assert claims <= 3 * len(starts) + 100, (claims, len(starts))
+
+
+def test_a_rate_wake_that_came_due_while_deciding_is_now_not_a_poll_interval_away():
+    """The gate refused a start because the next token was 0.2 ms away; by the time the
+    worker worked out its sleep that moment had passed. It must look again at once (it
+    dropped past wakes and slept the poll interval: 2 starts a second instead of 50)."""
+    from ox.flow.decide import RATE, Gated
+    from ox.flow.limits import QueueLimits, parse_rate
+    from ox.flow.watch import FlowWatch
+
+    watch = FlowWatch({"reports": QueueLimits(rate=parse_rate("50/s"))}, ["reports"])
+    due = time.time() - 0.0002
+    watch.saw(["reports"], Gated(blocked={"reports": RATE}, wake_at={"reports": due}, hold_until={"reports": due}))
+    assert watch.wakes() == [due]
+    assert watch.open_limited(time.time()) == ["reports"]
+    # A claim with no free slot clears what the gate said, so a past wake never spins.
+    watch.saw(["reports"], Gated())
+    assert watch.wakes() == []
 
 
 def test_per_key_rate(start_worker):

@@ -79,16 +79,14 @@ class FlowWatch:
         self.wake_at.clear()
         self.hold_until.clear()
 
-    def wakes(self, epoch_now: float) -> list[float]:
+    def wakes(self) -> list[float]:
         """When to look again for queues a rate holds back: per queue the later of its keys'
-        earliest next start and its own rate's; times already past are left to the next
-        claim (which looks at every queue not held), so they never make the worker spin."""
-        out = []
-        for q, at in self.wake_at.items():
-            at = max(at, self.hold_until.get(q, at))
-            if at > epoch_now:
-                out.append(at)
-        out += [at for q, at in self.hold_until.items() if q not in self.wake_at and at > epoch_now]
+        earliest next start and its own rate's. A time already past means now: the gate
+        that refused saw it ahead of its own clock reading, and the moments since (a busy
+        machine) must not turn a 20 ms wait into a poll interval. This never spins: every
+        claim replaces what the gate looked at, and a claim with no free slot clears it."""
+        out = [max(at, self.hold_until.get(q, at)) for q, at in self.wake_at.items()]
+        out += [at for q, at in self.hold_until.items() if q not in self.wake_at]
         return out
 
     def open_limited(self, epoch_now: float) -> list[str]:
