@@ -331,7 +331,7 @@ def test_a_rate_raised_at_run_time_frees_a_running_worker_held_by_the_old_one(st
 SCHEDULED_PG = """
 INSERT INTO ox_task (id, task_path, queue, priority, status, args, kwargs, run_after, enqueued_at,
                      attempts, max_attempts, worker_id, fence, cancel_requested, is_async, limit_key)
-SELECT gen_random_uuid(), 'tests.flow_tasks.per_account', 'emails', 0, 'READY', '[]', '{}',
+SELECT gen_random_uuid(), 'tests.flow_tasks.per_account', 'emails', %s, 'READY', '[]', '{}',
        now() + interval '1 day' + i * interval '1 millisecond', now(), 0, 3, '', 0, false, false, '"sched"'
 FROM generate_series(1, %s) AS i
 """
@@ -349,7 +349,7 @@ def _walk_buffers() -> int:
 
     now = clock.db_now(connection) + timedelta(seconds=1)
     with connection.execute_wrapper(capture):
-        keywalk.free_key_heads(connection, "emails", 0, now, ['"big"'], 4)
+        keywalk.free_key_heads(connection, "emails", now, ['"big"'])
     walk_sql, params = seen[0]
     with connection.cursor() as cursor:
         cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {walk_sql}", params)
@@ -360,13 +360,8 @@ def _walk_buffers() -> int:
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="buffers are PostgreSQL's")
-@pytest.mark.xfail(
-    strict=True,
-    reason="known, left for the next round (issue 11's note): the walk's lookup of a key's first due task"
-    " reads past that key's tasks scheduled for later at a higher priority (ox_task_ready_key orders by"
-    " priority before run_after); only past WINDOW_MAX, and only within one key",
-)
-def test_the_key_walk_does_not_read_a_keys_scheduled_backlog():
+@pytest.mark.parametrize("priority", [0, 5], ids=["same priority", "higher priority"])
+def test_the_key_walk_does_not_read_a_keys_scheduled_backlog(priority):
     """Promise: "past that it walks the queue's other keys ... tasks of full keys at the head
     never hide the rest, and what a claim reads does not grow with the backlog". Broken: the
     walk's head probe per key (`limit_key = k AND run_after <= now ORDER BY priority DESC,
@@ -376,11 +371,11 @@ def test_the_key_walk_does_not_read_a_keys_scheduled_backlog():
     reads), on every claim of every worker while a full key's backlog fills the window."""
     _full_key_backlog()
     with connection.cursor() as cursor:
-        cursor.execute(SCHEDULED_PG, [4000])
+        cursor.execute(SCHEDULED_PG, [priority, 4000])
         cursor.execute("VACUUM (ANALYZE) ox_task")
     small = _walk_buffers()
     with connection.cursor() as cursor:
-        cursor.execute(SCHEDULED_PG, [16000])
+        cursor.execute(SCHEDULED_PG, [priority, 16000])
         cursor.execute("VACUUM (ANALYZE) ox_task")
     large = _walk_buffers()
     assert large <= small * 1.5 + 12, f"the walk read {small} buffers, then {large} with a fivefold scheduled backlog"

@@ -38,29 +38,45 @@ def _fetch(conn: BaseDatabaseWrapper, ids: list[object]) -> list[Candidate]:
     return [Candidate.of(r) for r in rows]
 
 
+def _head_sql(ready: str, kind: str, at: object, queue: str) -> tuple[str, list[object]]:
+    """A key's (keys.k) first due task of one kind, in claim order: its priorities from the
+    highest down, one index probe each, stopping at the first with a due task; within a
+    priority the due ones are a range of ox_task_ready_key (run_after <= now). Probing by
+    priority is what keeps the key's tasks scheduled for later (at a higher priority, or at
+    the same one) from being read entry by entry on every walk."""
+    mine = f"FROM ox_task t WHERE {ready} AND t.limit_key = keys.k AND t.is_async = {kind}"
+    due = "AND t.priority = lv.p AND t.run_after <= %s"
+    text = (
+        f"(WITH RECURSIVE lv(p) AS (SELECT (SELECT max(t.priority) {mine})"
+        f" UNION ALL SELECT (SELECT max(t.priority) {mine} AND t.priority < lv.p) FROM lv"
+        f" WHERE lv.p IS NOT NULL AND NOT EXISTS (SELECT 1 {mine} {due}))"
+        f" SELECT (SELECT t.id {mine} {due} ORDER BY t.run_after, t.id LIMIT 1)"
+        " FROM lv WHERE lv.p IS NOT NULL ORDER BY lv.p LIMIT 1)"
+    )
+    return text, [queue, queue, queue, at, queue, at]
+
+
 def free_key_heads(conn: BaseDatabaseWrapper, queue: str, now: datetime, skip: Collection[str]) -> list[Candidate]:
     """Per key not in `skip` (up to WALK_MAX keys, in key order), its first due task of each
     kind (the gate keeps order within the key across kinds)."""
     pg = sql.is_postgres(conn)
     true, false = ("true", "false") if pg else ("1", "0")
     ready = "t.status = 'READY' AND t.queue = %s AND t.limit_key IS NOT NULL"
-    head = (
-        f"(SELECT t.id FROM ox_task t WHERE {ready} AND t.limit_key = keys.k AND t.is_async = {{kind}}"
-        " AND t.run_after <= %s ORDER BY t.priority DESC, t.run_after, t.id LIMIT 1)"
-    )
+    at = sql._ts(conn, now)
+    sync_head, sync_params = _head_sql(ready, false, at, queue)
+    async_head, async_params = _head_sql(ready, true, at, queue)
     not_skipped = "keys.k <> ALL(%s)" if pg else "keys.k NOT IN (SELECT value FROM json_each(%s))"
     text = (
         "WITH RECURSIVE keys(k, n) AS ("
         f"SELECT (SELECT min(t.limit_key) FROM ox_task t WHERE {ready}), 1"
         f" UNION ALL SELECT (SELECT min(t.limit_key) FROM ox_task t WHERE {ready} AND t.limit_key > keys.k), keys.n + 1"
         " FROM keys WHERE keys.k IS NOT NULL AND keys.n < %s)"
-        f" SELECT {head.format(kind=false)}, {head.format(kind=true)}"
+        f" SELECT {sync_head}, {async_head}"
         f" FROM keys WHERE keys.k IS NOT NULL AND {not_skipped}"
     )
-    at = sql._ts(conn, now)
     skipped: object = list(skip) if pg else json.dumps(list(skip))
     with conn.cursor() as cursor:
-        cursor.execute(text, [queue, queue, WALK_MAX, queue, at, queue, at, skipped])
+        cursor.execute(text, [queue, queue, WALK_MAX, *sync_params, *async_params, skipped])
         ids = [i for row in cursor.fetchall() for i in row if i is not None]
     return _fetch(conn, ids)
 
