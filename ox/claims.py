@@ -35,6 +35,7 @@ class Held:
 class Claims:
     def __init__(self, worker: "Worker") -> None:
         self.w = worker
+        self.async_queues: set[str] = set()  # queues an async task was claimed from
 
     def busy(self, is_async: bool) -> int:
         w = self.w
@@ -49,7 +50,7 @@ class Claims:
         # A worker whose queues go through the gate (ox.flow) claims for free slots only: a
         # prefetched task would hold a limited slot without running, and asking the gate for
         # room it will not give is a claim (and a probe) for nothing while the slots are busy.
-        extra = 0 if w.prefetch_hold or w.flow.limits else w.prefetch.size()
+        extra = 0 if w.prefetch_hold or w.flow.gated else w.prefetch.size()
         limits = []
         for is_async, slots in ((False, w.settings.concurrency), (True, w.settings.async_concurrency)):
             busy = self.busy(is_async)
@@ -87,6 +88,8 @@ class Claims:
             w.completer.written(written)
         for c in claimed:
             w.held[c.key] = Held(c)
+            if c.is_async:
+                self.async_queues.add(c.queue)
         w.claimed_total += len(claimed)
         got_async = sum(1 for c in claimed if c.is_async)
         probe_only = sync_limit == 0 and not w.async_seen  # looking for a kind never seen yet
@@ -117,16 +120,35 @@ class Claims:
     def _claim_rows(
         self, done: list[sql.Completion], limits: tuple[int, int], now: datetime, lease: datetime
     ) -> tuple[set[tuple[uuid.UUID, int]], list[sql.Claimed], bool]:
-        """Limited queues through the gate (ox.flow.gate) first, with the completions (their
-        slots then count as free), for the free slots only (no prefetch: a prefetched task
-        would hold a limited slot without running); the unlimited queues with what is left,
-        in one statement with the completions if the gate did not take them. Returns the
-        completions written, the claimed, and whether every claim got all it asked for."""
+        """Queues with key limits or rates through the gate (ox.flow.gate) first, with the
+        completions (their slots then count as free), for the free slots only (no prefetch:
+        a prefetched task would hold a limited slot without running); then one ordinary
+        claim for the unlimited queues and the slotted ones this worker holds slots of
+        (ox.flow.keeper; prefetch included: past its slots a task waits parked here), with
+        the completions if the gate did not take them. Returns the completions written, the
+        claimed, and whether every claim got all it asked for."""
         w = self.w
         flow = w.flow
         written: set[tuple[uuid.UUID, int]] = set()
         claimed: list[sql.Claimed] = []
         filled = False
+        slotted = flow.slotted
+        if slotted or w.slots.sized:
+            w.slots.follow(w.conn, slotted)
+        # Queues whose only limit is concurrency: under the slots held here (ox.flow.keeper),
+        # in the ordinary claim, at most `room` each (more would only wait parked).
+        open_slotted = []
+        for queue, n in slotted.items():
+            # The most this worker could run of it at once: its threads, and its async slots
+            # once the queue is known to have async tasks (a worker that ever saw one would
+            # otherwise take a sync queue's every slot for four threads).
+            kinds = w.settings.async_concurrency if queue in self.async_queues else 0
+            cap = min(n, w.settings.concurrency + kinds)
+            extra = 0 if w.prefetch_hold else w.prefetch.size()
+            room = w.slots.room(w.conn, queue, max(limits) > 0, self._of(queue), extra, cap, now, lease)
+            flow.slots_held(queue, w.slots.count(queue))
+            if room > 0:
+                open_slotted.append(queue)
         looked = flow.open_limited(now.timestamp())
         if looked:
             demand = tuple(
@@ -135,33 +157,44 @@ class Claims:
                     limits, (w.settings.concurrency, w.settings.async_concurrency), (False, True), strict=True
                 )
             )
-            written, gated = gate.claim_limited(
+            gate_written, gated = gate.claim_limited(
                 w.conn, w.id, {q: flow.limits[q] for q in looked}, demand, now, lease, done
             )
+            written |= gate_written
             done = []
             flow.saw(looked, gated)
-            claimed = gated.claimed
-            got_async = sum(1 for c in claimed if c.is_async)
+            claimed += gated.claimed
+            got_async = sum(1 for c in gated.claimed if c.is_async)
             # As for the unlimited claim: a kind that got all it asked for may have more
             # waiting, so claim again as soon as a slot frees.
-            filled = (demand[0] > 0 and len(claimed) - got_async >= demand[0]) or (
-                demand[1] > 0 and got_async >= demand[1]
+            filled = (
+                filled
+                or (demand[0] > 0 and len(gated.claimed) - got_async >= demand[0])
+                or (demand[1] > 0 and got_async >= demand[1])
             )
-            limits = (max(limits[0] - (len(claimed) - got_async), 0), max(limits[1] - got_async, 0))
-        queues = flow.unlimited
-        if queues:
-            more_written, more = sql.complete_and_claim(w.conn, done, w.id, queues, limits, now, lease)
+            limits = (max(limits[0] - (len(gated.claimed) - got_async), 0), max(limits[1] - got_async, 0))
+        queues = flow.unlimited + open_slotted
+        if queues and max(limits) > 0:
+            more_written, more = sql.complete_and_claim(
+                w.conn, done, w.id, queues, limits, now, lease, gate=open_slotted
+            )
             written |= more_written
             claimed += more
             got_async = sum(1 for c in more if c.is_async)
-            filled = (
-                filled
-                or (limits[0] > 0 and len(more) - got_async >= limits[0])
-                or (limits[1] > 0 and got_async >= limits[1])
+            more_filled = (limits[0] > 0 and len(more) - got_async >= limits[0]) or (
+                limits[1] > 0 and got_async >= limits[1]
             )
+            filled = filled or more_filled
+            for queue in open_slotted:
+                now_held = self._of(queue) + sum(1 for c in more if c.queue == queue)
+                w.slots.after(w.conn, queue, now_held, drained=not more_filled)
         elif done:
             written |= sql.complete(w.conn, done)
         return written, claimed, filled
+
+    def _of(self, queue: str) -> int:
+        """The queue's tasks held here (claimed, parked, running)."""
+        return sum(1 for h in self.w.held.values() if h.claimed.queue == queue)
 
     def _start(self, claimed: list[sql.Claimed]) -> bool:
         """Prepare and hand over; True if some claims had to go back."""

@@ -19,6 +19,7 @@ from ox import clock
 from ox.conf import OxOptions
 from ox.exceptions import TaskCancelled, TaskInterrupt
 from ox.execution import AsyncRunner, Finished, Prepared, decide_retry, run_sync, unrunnable
+from ox.flow.local import LocalLimits
 from ox.interrupt import Interrupter
 from ox.models import Outcome
 
@@ -80,6 +81,9 @@ class _Executor:
     """What both executors share: which claims started, and stopping one by its key."""
 
     tracker: _Tracker
+    local: LocalLimits
+    is_async: bool = False
+    outcomes: "queue.Queue[Any]"
 
     def started_at(self, key: Key) -> float | None:
         entry = self.tracker.started.get(key)
@@ -91,16 +95,31 @@ class _Executor:
 
     def interrupt(self, key: Key, exc_type: type[TaskInterrupt]) -> bool:
         """Interrupt a running task, or make an unstarted one skip (cancelled)."""
-        if self.tracker.mark_skip(key, Outcome.CANCELLED if exc_type is TaskCancelled else SKIPPED):
+        kind = Outcome.CANCELLED if exc_type is TaskCancelled else SKIPPED
+        if self._drop_parked(key, kind):
+            return True
+        if self.tracker.mark_skip(key, kind):
             return True
         return self._interrupt_running(key, exc_type)
+
+    def _drop_parked(self, key: Key, kind: str) -> bool:
+        """A task parked for a slot (ox.flow.local) ends now, not when a slot frees here."""
+        prep = self.local.drop(key, self.is_async)
+        if prep is None:
+            return False
+        self._dropped(prep)
+        self.outcomes.put(skipped(prep, kind))
+        return True
+
+    def _dropped(self, prep: Prepared) -> None:
+        pass
 
     def _interrupt_running(self, key: Key, exc_type: type[TaskInterrupt]) -> bool:
         raise NotImplementedError
 
     def forget(self, key: Key) -> bool:
         """The lease was lost: skip the task if it has not started."""
-        return self.tracker.mark_skip(key, SKIPPED)
+        return self._drop_parked(key, SKIPPED) or self.tracker.mark_skip(key, SKIPPED)
 
 
 def _crashed(prep: Prepared, exc: BaseException, options: OxOptions) -> Finished:
@@ -112,8 +131,18 @@ def _crashed(prep: Prepared, exc: BaseException, options: OxOptions) -> Finished
 
 class SyncExecutor(_Executor):
     def __init__(
-        self, threads: int, sender: type, outcomes: "queue.Queue[Any]", options: OxOptions, on_start: Callable[[], None]
+        self,
+        threads: int,
+        sender: type,
+        outcomes: "queue.Queue[Any]",
+        options: OxOptions,
+        on_start: Callable[[], None],
+        local: LocalLimits | None = None,
     ) -> None:
+        self.local = local or LocalLimits()
+        # Where parked tasks a finished one lets start go: the slots are shared by both
+        # kinds, so the worker routes each to its own executor (self.resume alone here).
+        self.route: Callable[[list[Prepared]], None] = self.resume
         self.inbox: queue.Queue[Prepared | None] = queue.Queue()
         self.outcomes = outcomes
         self.sender = sender
@@ -128,17 +157,27 @@ class SyncExecutor(_Executor):
         self.inbox.put(prep)
 
     def waiting(self) -> int:
-        return self.inbox.qsize()
+        return self.inbox.qsize() + self.local.parked_count(is_async=False)
+
+    def resume(self, preps: list[Prepared]) -> None:
+        """Parked tasks a slot now lets start (ox.flow.local admitted them)."""
+        for prep in preps:
+            self.inbox.put(prep)
 
     def _loop(self) -> None:
         while True:
             prep = self.inbox.get()
             if prep is None:
                 return
+            # A task of a slotted queue beyond the slots held here waits, parked.
+            if not self.local.admit(prep):
+                continue
             try:
                 self._run_one(prep)
             except BaseException as exc:  # noqa: BLE001  (an interrupt that landed late: the thread lives on)
                 logger.error("task thread caught %r outside a task", exc)
+            finally:
+                self.route(self.local.finished(prep))
 
     def _run_one(self, prep: Prepared) -> None:
         key = prep.key
@@ -159,17 +198,21 @@ class SyncExecutor(_Executor):
         return self.interrupter.interrupt(key, exc_type)
 
     def take_back(self) -> list[Prepared]:
-        """Everything still waiting in the inbox (shutdown, or prefetched behind long tasks)."""
-        taken: list[Prepared] = []
+        """Everything still waiting in the inbox or parked (shutdown, or prefetched behind
+        long tasks)."""
+        taken: list[Prepared] = self.local.take_parked(is_async=False)
         while True:
             try:
                 prep = self.inbox.get_nowait()
             except queue.Empty:
-                return taken
+                break
             if prep is not None:
                 taken.append(prep)
-                with self.tracker.lock:
-                    self.tracker.skip.pop(prep.key, None)
+        for prep in taken:
+            self.route(self.local.finished(prep))  # an admitted one frees its place here
+            with self.tracker.lock:
+                self.tracker.skip.pop(prep.key, None)
+        return taken
 
     def stop(self) -> None:
         for _ in self.threads:
@@ -177,6 +220,8 @@ class SyncExecutor(_Executor):
 
 
 class AsyncExecutor(_Executor):
+    is_async = True
+
     def __init__(
         self,
         concurrency: int,
@@ -184,7 +229,10 @@ class AsyncExecutor(_Executor):
         outcomes: "queue.Queue[Any]",
         options: OxOptions,
         on_start: Callable[[], None],
+        local: LocalLimits | None = None,
     ) -> None:
+        self.local = local or LocalLimits()
+        self.route: Callable[[list[Prepared]], None] = self.resume  # as for SyncExecutor
         self.loop = asyncio.new_event_loop()
         self.runner = AsyncRunner(self.loop)
         self.sender = sender
@@ -210,6 +258,21 @@ class AsyncExecutor(_Executor):
     async def _run(self, prep: Prepared) -> None:
         if self.slots is None:
             self.slots = asyncio.Semaphore(self.concurrency)
+        # A task of a slotted queue beyond the slots held here waits, parked.
+        if not self.local.admit(prep):
+            return
+        try:
+            await self._run_admitted(prep)
+        finally:
+            self.route(self.local.finished(prep))
+
+    def resume(self, preps: list[Prepared]) -> None:
+        """Parked tasks a slot now lets start (from any thread)."""
+        for prep in preps:
+            asyncio.run_coroutine_threadsafe(self._run(prep), self.loop)
+
+    async def _run_admitted(self, prep: Prepared) -> None:
+        assert self.slots is not None
         key = prep.key
         async with self.slots:
             self.waiting_preps.pop(key, None)
@@ -235,13 +298,20 @@ class AsyncExecutor(_Executor):
     def waiting(self) -> int:
         return len(self.waiting_preps)
 
+    def _dropped(self, prep: Prepared) -> None:
+        self.waiting_preps.pop(prep.key, None)
+
     def _interrupt_running(self, key: Key, exc_type: type[TaskInterrupt]) -> bool:
         return self.runner.interrupt(key, exc_type)
 
     def take_back(self) -> list[Prepared]:
         taken = []
+        parked = {p.key for p in self.local.take_parked(is_async=True)}
         for key, prep in list(self.waiting_preps.items()):
-            if self.tracker.mark_skip(key, SKIPPED):
+            if key in parked:  # never scheduled again: nothing to skip
+                self.waiting_preps.pop(key, None)
+                taken.append(prep)
+            elif self.tracker.mark_skip(key, SKIPPED):
                 self.waiting_preps.pop(key, None)
                 taken.append(prep)
         return taken

@@ -45,6 +45,7 @@ class Leases:
         # Finished but not yet written: their leases must not run out while they wait.
         rows += [(f.claimed.id, f.claimed.fence, None) for f in w.completer.pending()]
         kept = sql.renew(w.conn, rows, now + timedelta(seconds=w.options.lease))
+        w.slots.renew(w.conn, now + timedelta(seconds=w.options.lease))
         for key, held in list(w.held.items()):
             if held.lost:
                 continue

@@ -326,3 +326,22 @@ class KeyRate(models.Model):
         db_table = "ox_key_rate"
         constraints = [models.UniqueConstraint(fields=["queue", "key"], name="ox_key_rate_once")]
         indexes = [models.Index(fields=["tat"], name="ox_key_rate_tat")]
+
+
+class Slot(models.Model):
+    """One of a queue's `concurrency` slots (ox.flow.slots): a worker leases slots and runs at
+    most as many of the queue's tasks at once as it holds. worker_id is empty when the slot is
+    free; a lease that ran out (its worker stopped renewing) frees it too."""
+
+    queue = models.CharField(max_length=64)
+    n = models.PositiveIntegerField()
+    worker_id = models.CharField(max_length=128, blank=True, default="", db_default="")
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "ox_slot"
+        constraints = [models.UniqueConstraint(fields=["queue", "n"], name="ox_slot_once")]
+        indexes = [models.Index(fields=["worker_id"], name="ox_slot_worker")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}#{self.n}"

@@ -176,9 +176,27 @@ def _candidates(limit: int) -> int:
 _SKIP_QUEUE = "NOT EXISTS (SELECT 1 FROM ox_queue s WHERE s.name = l.queue AND (s.paused OR s.limited))"
 _SKIP_PAUSED = "NOT EXISTS (SELECT 1 FROM ox_queue s WHERE s.name = l.queue AND s.paused)"
 
+# gate: which queues limited at run time a claim may take from: all (True: ox.flow.gate),
+# none (False), or the ones named (the slotted queues whose slots the worker holds).
+Gate = bool | Sequence[str]
+
+
+def _skip(gate: Gate) -> tuple[str, list[object]]:
+    if gate is True:
+        return _SKIP_PAUSED, []
+    if not gate:
+        return _SKIP_QUEUE, []
+    allowed = list(gate)
+    marks = ", ".join(["%s"] * len(allowed))
+    text = (
+        "NOT EXISTS (SELECT 1 FROM ox_queue s WHERE s.name = l.queue"
+        f" AND (s.paused OR (s.limited AND l.queue NOT IN ({marks}))))"
+    )
+    return text, allowed
+
 
 def candidates_sql(
-    flag: str, queues: Sequence[str], now: object, k: int, limit: int, columns: str = "c.id", gate: bool = False
+    flag: str, queues: Sequence[str], now: object, k: int, limit: int, columns: str = "c.id", gate: Gate = False
 ) -> tuple[str, list[object]]:
     """PostgreSQL: due READY tasks of one kind in these queues, in claim order, read without
     locks from the READY index: per queue a recursive query steps through the priorities
@@ -188,7 +206,7 @@ def candidates_sql(
     claim. gate: for ox.flow.gate (run-time limited queues included, paused ones not)."""
     ready = f"FROM ox_task t WHERE t.status = 'READY' AND t.queue = l.queue AND t.is_async = {flag}"
     starts = " UNION ALL ".join("SELECT CAST(%s AS text)" for _q in queues)
-    skip = _SKIP_PAUSED if gate else _SKIP_QUEUE
+    skip, skip_params = _skip(gate)
     sql = (
         "WITH RECURSIVE levels(queue, priority) AS ("
         f"SELECT l.queue, (SELECT max(t.priority) {ready}) FROM ({starts}) AS l(queue) WHERE {skip}"
@@ -199,10 +217,12 @@ def candidates_sql(
         " ORDER BY t.run_after, t.id LIMIT %s) AS c"
         " WHERE l.priority IS NOT NULL ORDER BY l.priority DESC, c.run_after, c.id LIMIT %s"
     )
-    return sql, [*queues, now, k, limit]
+    return sql, [*queues, *skip_params, now, k, limit]
 
 
-def _pick_sql(flag: str, queues: Sequence[str], now: object, limit: int) -> tuple[str, list[object]]:
+def _pick_sql(
+    flag: str, queues: Sequence[str], now: object, limit: int, gate: Gate = False
+) -> tuple[str, list[object]]:
     """PostgreSQL: the ids of up to `limit` due READY tasks of one kind in these queues, in
     claim order (candidates_sql), so that what a claim costs does not depend on how many
     tasks wait. Candidates are read without locks; only the best `limit` of them are locked,
@@ -210,7 +230,7 @@ def _pick_sql(flag: str, queues: Sequence[str], now: object, limit: int) -> tupl
     each other, and a row taken meanwhile fails the status re-check). So a claim locks no
     more than it takes, and a concurrent claim is never kept from rows nobody will claim."""
     k = _candidates(limit)
-    candidates, params = candidates_sql(flag, queues, now, k, k)
+    candidates, params = candidates_sql(flag, queues, now, k, k, gate=gate)
     sql = (
         f"SELECT w.id FROM ox_task w WHERE w.id IN ({candidates}) AND w.status = 'READY'"
         " ORDER BY w.priority DESC, w.run_after, w.id LIMIT %s FOR UPDATE SKIP LOCKED"
@@ -254,6 +274,7 @@ def _claim_parts(
     limits: tuple[int, int],
     now: datetime,
     lease_expires_at: datetime,
+    gate: Gate = False,
 ) -> ClaimSql:
     """PostgreSQL. limits: how many sync and how many async tasks to claim. Each kind is
     picked by its own scans of the READY index (_pick_sql), so a worker never claims tasks
@@ -261,7 +282,7 @@ def _claim_parts(
     first write after the body starts: a claimed task that has not started reads as READY
     (ox.results)."""
     kinds = [(flag, limit) for flag, limit in zip(("false", "true"), limits, strict=True) if limit > 0]
-    picks = [_pick_sql(flag, _distinct(queues), now, limit) for flag, limit in kinds]
+    picks = [_pick_sql(flag, _distinct(queues), now, limit, gate) for flag, limit in kinds]
     ctes = [f"pick_{flag} AS ({pick})" for (flag, _limit), (pick, _params) in zip(kinds, picks, strict=True)]
     pick_params: list[object] = [p for _pick, params in picks for p in params]
     ids = " UNION ALL ".join(f"SELECT id FROM pick_{flag}" for flag, _limit in kinds)
@@ -307,16 +328,18 @@ def claim(
     limits: int | tuple[int, int],
     now: datetime,
     lease_expires_at: datetime,
+    gate: Gate = False,
 ) -> list[Claimed]:
     """Claim due READY tasks in priority order, in one statement: `limits` sync and async
-    tasks (an int: that many of each kind)."""
+    tasks (an int: that many of each kind). gate: queues limited at run time are claimed
+    too (ox.flow.slots: the caller holds their slots); paused ones never are."""
     limits = (limits, limits) if isinstance(limits, int) else limits
     if max(limits) <= 0 or not queues:
         return []
     if not is_postgres(conn):
         with transaction(conn):
-            return _claim_sqlite(conn, worker_id, queues, limits, now, lease_expires_at)
-    parts = _claim_parts(conn, worker_id, queues, limits, now, lease_expires_at)
+            return _claim_sqlite(conn, worker_id, queues, limits, now, lease_expires_at, gate)
+    parts = _claim_parts(conn, worker_id, queues, limits, now, lease_expires_at, gate)
     with conn.cursor() as cursor:
         cursor.execute(f"WITH {', '.join(parts.picks)} {parts.update}", [*parts.pick_params, *parts.update_params])
         return _read_claimed(cursor.fetchall())
@@ -329,13 +352,14 @@ def _claim_sqlite(
     limits: tuple[int, int],
     now: datetime,
     lease_expires_at: datetime,
+    gate: Gate = False,
 ) -> list[Claimed]:
     """SQLite, inside the caller's IMMEDIATE transaction: the priorities waiting, the picks
     (_sqlite_pick), then one UPDATE of the ids picked."""
     queues = _distinct(queues)
     if not queues:
         return []
-    levels = _sqlite_levels(conn, queues)
+    levels = _sqlite_levels(conn, queues, gate)
     ts = _ts(conn, now)
     ids = [
         i for flag, limit in enumerate(limits) if limit > 0 for i in _sqlite_pick(conn, flag, queues, levels, ts, limit)
@@ -359,19 +383,21 @@ def complete_and_claim(
     limits: tuple[int, int],
     now: datetime,
     lease_expires_at: datetime,
+    gate: Gate = False,
 ) -> tuple[set[tuple[uuid.UUID, int]], list[Claimed]]:
     """Write finished tasks and claim the next ones in one round trip and one commit (on
     PostgreSQL one statement; on SQLite, whose statements cost no round trip, one
-    transaction). Returns the claims written (the rest were fenced out) and the claimed."""
+    transaction). Returns the claims written (the rest were fenced out) and the claimed.
+    gate: as for claim()."""
     if not done:
-        return set(), claim(conn, worker_id, queues, limits, now, lease_expires_at)
+        return set(), claim(conn, worker_id, queues, limits, now, lease_expires_at, gate)
     if max(limits) <= 0 or not queues:
         return complete(conn, done), []
     if not is_postgres(conn):
         with transaction(conn):
-            return complete(conn, done), _claim_sqlite(conn, worker_id, queues, limits, now, lease_expires_at)
+            return complete(conn, done), _claim_sqlite(conn, worker_id, queues, limits, now, lease_expires_at, gate)
     complete_sql, complete_params = _complete_sql(conn, done)
-    parts = _claim_parts(conn, worker_id, queues, limits, now, lease_expires_at)
+    parts = _claim_parts(conn, worker_id, queues, limits, now, lease_expires_at, gate)
     # The completion's rows share the claim's columns: id first, fence at its place.
     nulls = ", ".join(["NULL"] * 10)
     sql = (
@@ -388,24 +414,24 @@ def complete_and_claim(
 _LEVEL_READY = "FROM ox_task t WHERE t.status = 'READY' AND t.queue = l.queue AND t.is_async = l.is_async"
 
 
-def _levels_cte(queues: Sequence[str], flags: Sequence[str], gate: bool = False) -> tuple[str, list[object]]:
+def _levels_cte(queues: Sequence[str], flags: Sequence[str], gate: Gate = False) -> tuple[str, list[object]]:
     """`levels(queue, is_async, priority)`: per queue and kind, every priority of a READY task
     there, found by stepping from one to the next lower (one probe of the READY index each)
     instead of reading the tasks. Rows with a NULL priority end each walk. Paused queues
     (and unless `gate`, queues limited at run time) are left out."""
     starts = " UNION ALL ".join(f"SELECT CAST(%s AS text), {flag}" for _q in queues for flag in flags)
-    skip = _SKIP_PAUSED if gate else _SKIP_QUEUE
+    skip, skip_params = _skip(gate)
     sql = (
         f"pairs(queue, is_async) AS ({starts}), levels(queue, is_async, priority) AS ("
         f"SELECT l.queue, l.is_async, (SELECT max(t.priority) {_LEVEL_READY}) FROM pairs l WHERE {skip}"
         f" UNION ALL SELECT l.queue, l.is_async, (SELECT max(t.priority) {_LEVEL_READY} AND t.priority < l.priority)"
         " FROM levels l WHERE l.priority IS NOT NULL)"
     )
-    return sql, [q for q in queues for _flag in flags]
+    return sql, [*(q for q in queues for _flag in flags), *skip_params]
 
 
 def earliest_ready(
-    conn: BaseDatabaseWrapper, queues: Sequence[str], kinds: tuple[bool, bool] = (True, True), gate: bool = False
+    conn: BaseDatabaseWrapper, queues: Sequence[str], kinds: tuple[bool, bool] = (True, True), gate: Gate = False
 ) -> datetime | None:
     """When the next READY task in these queues becomes due (None: none waiting); kinds:
     whether to look at (sync, async) tasks, the ones the worker has room to claim.
@@ -431,7 +457,7 @@ def earliest_ready(
 
 
 def _sqlite_levels(
-    conn: BaseDatabaseWrapper, queues: Sequence[str], gate: bool = False
+    conn: BaseDatabaseWrapper, queues: Sequence[str], gate: Gate = False
 ) -> dict[tuple[str, int], list[int]]:
     """(queue, is_async) -> the priorities of its READY tasks, highest first."""
     levels, params = _levels_cte(queues, ("0", "1"), gate)
@@ -758,7 +784,8 @@ def rescue_and_mark(
     the worker may have died before the task even started (it may have been prefetched).
     Only a task lost `max_lost` times (it may be what kills its workers) becomes FAILED; one
     whose cancel was requested becomes CANCELLED. run_after is kept, so the task goes back
-    to its place in the queue, not to the end. One rescuer at a time. Returns (task id,
+    to its place in the queue, not to the end. A dead worker's slots (ox.flow.slots) are
+    freed with its tasks. One rescuer at a time. Returns (task id,
     worker id, new status) per rescued task, and the workers newly found without their lock."""
     lost_path = class_path(WorkerLost)
     if is_postgres(conn):
@@ -768,7 +795,8 @@ def rescue_and_mark(
         # say. A live worker that reconnects meanwhile takes its lock again and keeps its tasks.
         sql = f"""
             WITH holders AS (
-                SELECT DISTINCT worker_id FROM ox_task WHERE status = 'RUNNING'
+                SELECT worker_id FROM ox_task WHERE status = 'RUNNING'
+                UNION SELECT worker_id FROM ox_slot WHERE worker_id <> ''
             ), lockless AS (
                 SELECT w.id, w.lock_lost_at FROM ox_worker w JOIN holders h ON h.worker_id = w.id
                 WHERE w.lock_key > 0 AND NOT EXISTS (
@@ -781,6 +809,9 @@ def rescue_and_mark(
                 WHERE w.id = l.id AND l.lock_lost_at IS NULL RETURNING w.id
             ), dead AS (
                 SELECT id FROM lockless WHERE lock_lost_at <= %(now)s - make_interval(secs => %(grace)s)
+            ), freed AS (
+                UPDATE ox_slot SET worker_id = '', expires_at = NULL
+                WHERE worker_id IN (SELECT id FROM dead)
             ), lost AS (
                 SELECT t.id FROM ox_task t
                 WHERE t.status = 'RUNNING'

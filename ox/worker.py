@@ -30,6 +30,8 @@ from ox.enqueue import database_for
 from ox.exceptions import TaskCancelled, TaskTimeout
 from ox.execution import Finished
 from ox.executor import SKIPPED, AsyncExecutor, Key, SyncExecutor
+from ox.flow.keeper import SlotKeeper
+from ox.flow.local import LocalLimits
 from ox.flow.watch import FlowWatch
 from ox.idle import IdleMark
 from ox.leases import Leases
@@ -102,6 +104,8 @@ class Worker:
         self.leases = Leases(self)
         self.claims = Claims(self)
         self.flow = FlowWatch(self.options.queue_limits(), list(settings.queues))
+        self.local = LocalLimits()  # slotted queues: how many of each may run here at once
+        self.slots = SlotKeeper(self.id, self.local, self._resume)
         self.idle = IdleMark(self)
         self.notified = threading.Event()  # a wake-up from the listener is already queued
         self.start_seen = threading.Event()  # a _STARTED is already queued
@@ -145,10 +149,13 @@ class Worker:
         # The main thread's own Django connection is not needed again: do not hold it open.
         connections[self.alias].close()
         self.duties = [(duty, [0.0]) for duty in worker_duties(self)]
-        self.sync = SyncExecutor(self.settings.concurrency, self.sender, self.outcomes, self.options, self._on_start)
-        self.aio = AsyncExecutor(
-            self.settings.async_concurrency, self.sender, self.outcomes, self.options, self._on_start
+        self.sync = SyncExecutor(
+            self.settings.concurrency, self.sender, self.outcomes, self.options, self._on_start, self.local
         )
+        self.aio = AsyncExecutor(
+            self.settings.async_concurrency, self.sender, self.outcomes, self.options, self._on_start, self.local
+        )
+        self.sync.route = self.aio.route = self._resume
         listen_alias = self.options.listen_alias(self.alias)
         if listen_alias is not None and Listener.available(listen_alias):
             self.listener = Listener(listen_alias, self._on_notify, self.settings.queues)
@@ -187,6 +194,13 @@ class Worker:
         if not self.notified.is_set():
             self.notified.set()
             self.outcomes.put(_NOTIFIED)
+
+    def _resume(self, preps: list) -> None:
+        """Parked tasks of slotted queues that may start now: to their executors."""
+        for executor, is_async in ((self.sync, False), (self.aio, True)):
+            mine = [p for p in preps if p.is_async == is_async]
+            if mine and executor is not None:
+                executor.resume(mine)
 
     def _on_start(self) -> None:
         # Called from a task thread or the event loop as a body starts.
@@ -237,6 +251,7 @@ class Worker:
         try:
             self._guard(self._hand_back)
             self._guard(lambda: self.completer.flush(self.conn))
+            self.slots.give_back_all(self.conn)
             sql.worker_stopped(self.conn, self.id, clock.db_now(self.conn))
         except (DatabaseError, AttributeError) as exc:
             event(logger, logging.ERROR, f"worker could not record its stop: {exc}", worker=self.id)

@@ -83,3 +83,14 @@ def unique_fails_once(context, n: int) -> int:
 @task(unique=True)
 def unique_defaults(n: int = 1, *, label: str = "x") -> int:
     return n
+
+
+@task(queue_name="emails")
+async def limited_async(key: str, seconds: float) -> str:
+    """An async task of the limited queue: its slots are shared with the sync ones."""
+    import asyncio
+
+    span = await Span.objects.acreate(key=key, group="async", pid=os.getpid(), started=time.time())
+    await asyncio.sleep(seconds)
+    await Span.objects.filter(pk=span.pk).aupdate(ended=time.time())
+    return key

@@ -99,6 +99,11 @@ class QueueLimits:
         return any(getattr(self, f.name) is not None for f in fields(self))
 
     @property
+    def slotted(self) -> bool:
+        """Concurrency is the only limit: claimed under leased slots (ox.flow.slots)."""
+        return self.concurrency is not None and self == QueueLimits(concurrency=self.concurrency)
+
+    @property
     def keyed(self) -> bool:
         return self.key_concurrency is not None or self.key_rate is not None
 

@@ -20,7 +20,7 @@ from ox import clock
 from ox.flow.limits import QueueLimits, next_start
 from ox.flow.queues import QueueView, views
 from ox.health import backlog
-from ox.models import KeyRate, Status, Task, TaskBase
+from ox.models import KeyRate, Slot, Status, Task, TaskBase
 from ox.paging import COUNT_CAP
 
 
@@ -45,6 +45,7 @@ class QueueFlow:
     scheduled: int = 0  # READY tasks waiting for their run_after
     waiting_on_limit: int = 0  # due tasks the pause or a limit holds back now (capped)
     full: bool = False  # concurrency reached
+    slots_held: int | None = None  # a slotted queue (ox.flow.slots): its slots leased now
     full_keys: dict[str, int] = field(default_factory=dict)  # key -> running, keys at key_concurrency
     next_start_at: datetime | None = None  # a rate allows the next start then (None: now)
     reasons: list[str] = field(default_factory=list)
@@ -80,6 +81,11 @@ def queue_flows(queues: list[str] | None = None, using: str | None = None) -> li
     for queue, key, n in running:
         per_key[(queue, key)] += n
     ready = backlog(now, db)
+    slotted = [v.name for v in found if v.limits.slotted]
+    held: Counter[str] = Counter()
+    if slotted:
+        rows = Slot.objects.using(db).filter(queue__in=slotted, expires_at__gte=now).exclude(worker_id="")
+        held.update(rows.values_list("queue", flat=True))
     out = []
     for view in found:
         flow = QueueFlow(view)
@@ -90,7 +96,14 @@ def queue_flows(queues: list[str] | None = None, using: str | None = None) -> li
         lim = view.limits
         if view.paused:
             flow.reasons.append("paused")
-        if lim.concurrency is not None and flow.running >= lim.concurrency:
+        if lim.slotted and lim.concurrency is not None:
+            # Workers lease the slots and run at most that many; RUNNING rows beyond them
+            # are prefetched tasks waiting in a worker for one of its slots.
+            flow.slots_held = held.get(view.name, 0)
+            if flow.slots_held >= lim.concurrency:
+                flow.full = True
+                flow.reasons.append(f"at its concurrency limit ({flow.slots_held} of {lim.concurrency} slots held)")
+        elif lim.concurrency is not None and flow.running >= lim.concurrency:
             flow.full = True
             flow.reasons.append(f"at its concurrency limit ({flow.running} of {lim.concurrency} running)")
         if lim.key_concurrency is not None:
@@ -135,6 +148,8 @@ def why_waiting(task: TaskBase, using: str | None = None) -> str | None:
     lim = flow.limits
     if flow.view.paused:
         return f"queue {task.queue!r} is paused"
+    if flow.full and flow.slots_held is not None:
+        return f"queue {task.queue!r} is at its concurrency limit ({flow.slots_held} of {lim.concurrency} slots held)"
     if flow.full:
         return f"queue {task.queue!r} is at its concurrency limit ({flow.running} of {lim.concurrency} running)"
     if task.limit_key is not None and task.limit_key in flow.full_keys:
@@ -164,6 +179,7 @@ def describe(flow: QueueFlow) -> dict[str, Any]:
         "scheduled": flow.scheduled,
         "waiting_on_limit": flow.waiting_on_limit,
         "full": flow.full,
+        "slots_held": flow.slots_held,
         "full_keys": len(flow.full_keys),
         "next_start_at": flow.next_start_at.isoformat() if flow.next_start_at else None,
         "reasons": flow.reasons,

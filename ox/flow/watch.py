@@ -10,7 +10,7 @@ the reverse."""
 import time
 from typing import Any
 
-from ox.flow.decide import KEY_RATE, RATE, Gated
+from ox.flow.decide import CONCURRENCY, KEY_RATE, RATE, Gated
 from ox.flow.limits import QueueLimits, merged
 from ox.flow.queues import read_states
 
@@ -21,7 +21,8 @@ class FlowWatch:
     def __init__(self, settings: dict[str, QueueLimits], queues: list[str]) -> None:
         self.settings = settings
         self.queues = list(dict.fromkeys(queues))
-        self.limits: dict[str, QueueLimits] = {}  # queue -> limits, for the queues the gate claims
+        self.limits: dict[str, QueueLimits] = {}  # queue -> limits, every queue once any is limited
+        self.explicit: set[str] = set()
         self._set({q: settings[q] for q in self.queues if q in settings and settings[q].any})
         self.next_refresh = 0.0
         self.blocked: dict[str, str] = {}  # queue -> reason, from the last gate
@@ -29,6 +30,7 @@ class FlowWatch:
         self.hold_until: dict[str, float] = {}  # queue -> epoch seconds: its rate allows nothing before
 
     def _set(self, limited: dict[str, QueueLimits]) -> None:
+        self.explicit = set(limited)  # the queues with limits of their own (or the limited flag)
         self.limits = {q: limited.get(q, QueueLimits()) for q in self.queues} if limited else {}
 
     def refresh(self, conn: Any, force: bool = False) -> None:
@@ -59,8 +61,30 @@ class FlowWatch:
                 self.hold_until.pop(q, None)
 
     @property
+    def slotted(self) -> dict[str, int]:
+        """Queues whose only limit is `concurrency`: claimed under leased slots
+        (ox.flow.slots), not through the gate. queue -> its concurrency."""
+        return {
+            q: lim.concurrency
+            for q, lim in self.limits.items()
+            if q in self.explicit and lim.slotted and lim.concurrency
+        }
+
+    @property
+    def gated(self) -> dict[str, QueueLimits]:
+        """The queues the gate claims: those with key limits, rates, or limits it cannot
+        read, and with them the unlimited ones (one ordering by priority over all of them)."""
+        own = [q for q in self.explicit if q in self.limits and not self.limits[q].slotted]
+        if not own:
+            return {}
+        return {q: lim for q, lim in self.limits.items() if q not in self.explicit or q in own}
+
+    @property
     def unlimited(self) -> list[str]:
-        return [q for q in self.queues if q not in self.limits]
+        """The queues the ordinary claim takes (slotted ones join it under their slots)."""
+        if self.gated:
+            return []
+        return [q for q in self.queues if q not in self.explicit]
 
     def saw(self, looked: list[str], gated: Gated) -> None:
         """The gate looked at these queues and held back gated.blocked."""
@@ -71,6 +95,14 @@ class FlowWatch:
         self.blocked.update(gated.blocked)
         self.wake_at.update(gated.wake_at)
         self.hold_until.update(gated.hold_until)
+
+    def slots_held(self, queue: str, held: int) -> None:
+        """A slotted queue's claim: without a slot here the queue is held back (another
+        worker runs its limit's worth), which keeps this worker from marking itself idle."""
+        if held:
+            self.blocked.pop(queue, None)
+        else:
+            self.blocked[queue] = CONCURRENCY
 
     def woken(self) -> None:
         """A NOTIFY: a task was enqueued, or a queue resumed or its limits changed."""
@@ -93,7 +125,7 @@ class FlowWatch:
         """Gated queues worth a look now: all but those a rate holds back until later (a
         queue full by concurrency is looked at again at each claim: a poll, a slot freed
         here, a NOTIFY; another worker's slot frees without telling this one)."""
-        return [q for q in self.limits if self.hold_until.get(q, epoch_now) <= epoch_now]
+        return [q for q in self.gated if self.hold_until.get(q, epoch_now) <= epoch_now]
 
     def freed(self, queue: str) -> bool:
         """A task of `queue` finished here: a slot of it is free. True: claim again now."""

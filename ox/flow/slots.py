@@ -1,0 +1,112 @@
+"""Slots: a queue's concurrency limit as N leased rows (ox_slot), for queues whose only limit
+is `concurrency`.
+
+A worker leases some of the queue's slots and runs at most as many of its tasks at once as it
+holds (ox.flow.local keeps the count, and parks claimed tasks beyond it); it claims them with
+the ordinary claim statement, prefetch included, without taking any lock another worker waits
+for. So the limit costs one cheap statement when a worker takes or gives back slots, not a
+serialised transaction per claim (ox.flow.gate, still used for key limits and rates).
+
+A slot is taken with FOR UPDATE SKIP LOCKED on rows whose own columns say it is free (empty
+worker_id, or a lease run out): a row another worker took meanwhile is rechecked against its
+new version by the lock (READ COMMITTED), so two workers never take the same slot, and the
+sum of what they hold never exceeds the rows there are. Leases are renewed with the
+heartbeat; a worker that stops gives its slots back, one that dies loses them when the rescuer
+finds it dead (ox.sql.rescue_and_mark) or when their lease runs out.
+"""
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from ox import sql
+
+
+def size(conn: BaseDatabaseWrapper, queue: str, n: int) -> None:
+    """Make the queue have exactly slots 0..n-1: new rows free, rows past n deleted (a worker
+    holding one loses it at its next renewal; what it runs finishes)."""
+    with sql.transaction(conn) as cursor:
+        marks = ", ".join(["(%s, %s, '')"] * n)
+        cursor.execute(
+            f"INSERT INTO ox_slot (queue, n, worker_id) VALUES {marks} ON CONFLICT (queue, n) DO NOTHING",
+            [v for i in range(n) for v in (queue, i)],
+        )
+        cursor.execute("DELETE FROM ox_slot WHERE queue = %s AND n >= %s", [queue, n])
+
+
+def take(
+    conn: BaseDatabaseWrapper, worker_id: str, queue: str, want: int, now: datetime, expires_at: datetime
+) -> list[int]:
+    """Lease up to `want` free slots of the queue; the slot numbers taken."""
+    if want <= 0:
+        return []
+    lock = " FOR UPDATE SKIP LOCKED" if sql.is_postgres(conn) else ""
+    ts, until = sql._ts(conn, now), sql._ts(conn, expires_at)
+    with sql.transaction(conn) as cursor:
+        cursor.execute(
+            "UPDATE ox_slot SET worker_id = %s, expires_at = %s WHERE id IN ("
+            "SELECT id FROM ox_slot WHERE queue = %s AND (worker_id = '' OR expires_at < %s)"
+            f" ORDER BY n LIMIT %s{lock}) RETURNING n",
+            [worker_id, until, queue, ts, want],
+        )
+        return sorted(int(r[0]) for r in cursor.fetchall())
+
+
+def renew(conn: BaseDatabaseWrapper, worker_id: str, expires_at: datetime) -> dict[str, set[int]]:
+    """Extend this worker's leases; queue -> the slots it still holds (one taken over after
+    its lease ran out, or deleted by a lower limit, is not among them)."""
+    with conn.cursor() as cursor:
+        cursor.execute(
+            "UPDATE ox_slot SET expires_at = %s WHERE worker_id = %s RETURNING queue, n",
+            [sql._ts(conn, expires_at), worker_id],
+        )
+        rows = cursor.fetchall()
+    held: dict[str, set[int]] = {}
+    for queue, n in rows:
+        held.setdefault(queue, set()).add(int(n))
+    return held
+
+
+def give_back(conn: BaseDatabaseWrapper, worker_id: str, queue: str, numbers: Iterable[int]) -> None:
+    numbers = list(numbers)
+    if not numbers:
+        return
+    marks = ", ".join(["%s"] * len(numbers))
+    with conn.cursor() as cursor:
+        cursor.execute(
+            "UPDATE ox_slot SET worker_id = '', expires_at = NULL"
+            f" WHERE worker_id = %s AND queue = %s AND n IN ({marks})",
+            [worker_id, queue, *numbers],
+        )
+
+
+def give_back_all(conn: BaseDatabaseWrapper, worker_id: str) -> None:
+    """A stopping worker's slots, all at once; on PostgreSQL the workers waiting for one are
+    told (a NOTIFY on the tasks' channel per queue), so a backlog left behind goes on at once."""
+    with conn.cursor() as cursor:
+        cursor.execute(
+            "UPDATE ox_slot SET worker_id = '', expires_at = NULL WHERE worker_id = %s RETURNING queue", [worker_id]
+        )
+        queues = sorted({r[0] for r in cursor.fetchall()})
+        if sql.is_postgres(conn):
+            for queue in queues:
+                cursor.execute("SELECT pg_notify('ox_task', %s)", [queue])
+
+
+def holders(conn: BaseDatabaseWrapper, queues: list[str], now: datetime) -> dict[str, dict[str, int]]:
+    """queue -> worker -> slots held now (leases not run out), for the dashboard and status."""
+    if not queues:
+        return {}
+    marks = ", ".join(["%s"] * len(queues))
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"SELECT queue, worker_id, count(*) FROM ox_slot WHERE queue IN ({marks}) AND worker_id <> ''"
+            " AND expires_at >= %s GROUP BY queue, worker_id",
+            [*queues, sql._ts(conn, now)],
+        )
+        rows = cursor.fetchall()
+    out: dict[str, dict[str, int]] = {}
+    for queue, worker, count in rows:
+        out.setdefault(queue, {})[worker] = int(count)
+    return out
