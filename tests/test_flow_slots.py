@@ -191,3 +191,24 @@ def test_a_parked_task_cancelled_ends_at_once_not_when_a_slot_frees(start_worker
     drained(timeout=60)
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0
+
+
+def test_operators_see_the_slots_held_and_why_a_task_waits(start_worker):
+    """queue_flows / why_waiting (the dashboard, `ox_queue status`) for a slotted queue: the
+    slots held (not the RUNNING rows, which count parked prefetched tasks too) and the reason."""
+    from ox.flow.waiting import queue_flows, why_waiting
+
+    set_limits("emails", {"concurrency": 2}, by="test")
+    enqueue_many(f.limited, [((f"l{i}", 5.0), {}) for i in range(2)])
+    worker = start_worker("--concurrency", "4", "--queues", "emails", env=limits())
+    wait_until(lambda: Span.objects.count() == 2, timeout=30)
+    (waiting,) = enqueue_many(f.limited, [(("w", 0.0), {})])
+    flow = queue_flows(["emails"])[0]
+    assert flow.slots_held == 2 and flow.full
+    assert "2 of 2 slots held" in " ".join(flow.reasons)
+    task = Task.objects.get(pk=waiting.id)
+    if task.status == Status.READY:  # not claimed (parked) by the worker yet
+        assert "2 of 2 slots held" in (why_waiting(task) or "")
+    Task.objects.filter(status=Status.RUNNING).update(cancel_requested=True)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=60) == 0
