@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("ox.worker")
 
+TOP_UP_EVERY = 0.5  # seconds between looks for more slots for tasks parked here
+
 
 @dataclass
 class Held:
@@ -36,6 +38,7 @@ class Claims:
     def __init__(self, worker: "Worker") -> None:
         self.w = worker
         self.async_queues: set[str] = set()  # queues an async task was claimed from
+        self.next_top_up = 0.0
 
     def busy(self, is_async: bool) -> int:
         w = self.w
@@ -134,19 +137,22 @@ class Claims:
         filled = False
         slotted = flow.slotted
         if slotted or w.slots.sized:
-            w.slots.follow(w.conn, slotted)
+            w.slots.follow(w.conn, slotted, set(flow.gated), flow.paused)
         # Queues whose only limit is concurrency: under the slots held here (ox.flow.keeper),
         # in the ordinary claim, at most `room` each (more would only wait parked).
         open_slotted = []
         for queue, n in slotted.items():
-            # The most this worker could run of it at once: its threads, and its async slots
-            # once the queue is known to have async tasks (a worker that ever saw one would
-            # otherwise take a sync queue's every slot for four threads).
-            kinds = w.settings.async_concurrency if queue in self.async_queues else 0
-            cap = min(n, w.settings.concurrency + kinds)
+            if queue in flow.paused:  # nothing to claim (the statement skips it): no slot either
+                w.slots.trim(w.conn, queue, self._of(queue))
+                continue
+            # The slots it could start the queue's tasks on now: its free threads (and free
+            # async slots once the queue is known to have async tasks: a worker that ever saw
+            # one would otherwise take a sync queue's every slot), plus those its tasks of the
+            # queue run on. A worker whose threads are busy with other queues takes none.
+            cap = self._slot_cap(queue, n)
             extra = 0 if w.prefetch_hold else w.prefetch.size()
             room = w.slots.room(w.conn, queue, max(limits) > 0, self._of(queue), extra, cap, now, lease)
-            flow.slots_held(queue, w.slots.count(queue))
+            flow.slots_room(queue, room)
             if room > 0:
                 open_slotted.append(queue)
         looked = flow.open_limited(now.timestamp())
@@ -186,11 +192,32 @@ class Claims:
             )
             filled = filled or more_filled
             for queue in open_slotted:
-                now_held = self._of(queue) + sum(1 for c in more if c.queue == queue)
-                w.slots.after(w.conn, queue, now_held, drained=not more_filled)
+                w.slots.after(w.conn, queue, self._of(queue) + sum(1 for c in more if c.queue == queue))
         elif done:
             written |= sql.complete(w.conn, done)
         return written, claimed, filled
+
+    def _slot_cap(self, queue: str, n: int) -> int:
+        """How many of a slotted queue's slots this worker could start tasks on now."""
+        w = self.w
+        free = max(w.settings.concurrency - (self.busy(False) - w.local.parked_count(False)), 0)
+        if queue in self.async_queues:
+            free += max(w.settings.async_concurrency - (self.busy(True) - w.local.parked_count(True)), 0)
+        return min(n, w.local.in_use(queue) + free)
+
+    def top_up_slots(self) -> None:
+        """Between claims: a queue with tasks parked here takes the slots it could start
+        them on (its limit was raised, or another worker gave slots back)."""
+        w = self.w
+        if time.monotonic() < self.next_top_up:
+            return
+        self.next_top_up = time.monotonic() + TOP_UP_EVERY  # a statement at most this often
+        for queue, n in w.flow.slotted.items():
+            if queue in w.local.parked and w.local.parked[queue] and queue not in w.flow.paused:
+                cap = self._slot_cap(queue, n)
+                if cap > w.slots.count(queue):
+                    now = clock.db_now(w.conn)
+                    w.slots.take(w.conn, queue, cap, now, now + timedelta(seconds=w.options.lease))
 
     def _of(self, queue: str) -> int:
         """The queue's tasks held here (claimed, parked, running)."""

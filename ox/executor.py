@@ -157,7 +157,9 @@ class SyncExecutor(_Executor):
         self.inbox.put(prep)
 
     def waiting(self) -> int:
-        return self.inbox.qsize() + self.local.parked_count(is_async=False)
+        """Tasks waiting for a thread (the parked ones wait for a slot: they are no reason
+        to give anything back, nor to wake at the prefetch window)."""
+        return self.inbox.qsize()
 
     def resume(self, preps: list[Prepared]) -> None:
         """Parked tasks a slot now lets start (ox.flow.local admitted them)."""
@@ -296,7 +298,7 @@ class AsyncExecutor(_Executor):
         asyncio.run_coroutine_threadsafe(self._run(prep), self.loop)
 
     def waiting(self) -> int:
-        return len(self.waiting_preps)
+        return max(len(self.waiting_preps) - self.local.parked_count(is_async=True), 0)
 
     def _dropped(self, prep: Prepared) -> None:
         self.waiting_preps.pop(prep.key, None)

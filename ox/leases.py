@@ -113,6 +113,8 @@ class Leases:
                 out.append(started + held.prep.timeout + grace)
             if window is not None and (waiting_async if held.prep.is_async else waiting):
                 out.append(started + window)
+            elif window is not None and w.local.parked.get(held.claimed.queue):
+                out.append(started + window)  # tasks parked behind it may have to go back
         return out
 
     def enforce(self, now: float) -> None:
@@ -143,6 +145,33 @@ class Leases:
                     event(logger, logging.ERROR, message, **task_fields(held.claimed), worker=w.id)
         self._give_back_hoarded(now, is_async=False)
         self._give_back_hoarded(now, is_async=True)
+        self._give_back_parked(now)
+
+    def _give_back_parked(self, now: float) -> None:
+        """A slotted queue's slots here are all busy with tasks past the prefetch window,
+        and tasks of it wait parked behind them: give those back (another worker may hold
+        a free slot, and a more urgent task enqueued since goes before them)."""
+        w = self.w
+        window = w.options.prefetch_window
+        if window is None or w.stopping:
+            return
+        for queue, waiting in list(w.local.parked.items()):
+            if not waiting:
+                continue
+            started = [
+                at
+                for key, h in w.held.items()
+                if h.prep is not None and h.claimed.queue == queue
+                if (at := (w.aio if h.prep.is_async else w.sync).started_at(key)) is not None  # type: ignore[union-attr]
+            ]
+            if len(started) < w.slots.count(queue) or any(now - at <= window for at in started):
+                continue
+            taken = w.local.take_queue(queue)
+            if taken:
+                w.to_hand_back.extend(p.key for p in taken if p.key not in w.to_hand_back)
+                w.prefetch_hold = True
+                message = "gave back tasks parked behind long ones"
+                event(logger, logging.INFO, message, count=len(taken), queue=queue, worker=w.id)
 
     def _give_back_hoarded(self, now: float, is_async: bool) -> None:
         """Every slot of a kind is busy with a task past the prefetch window, and prefetched

@@ -105,7 +105,7 @@ class Worker:
         self.claims = Claims(self)
         self.flow = FlowWatch(self.options.queue_limits(), list(settings.queues))
         self.local = LocalLimits()  # slotted queues: how many of each may run here at once
-        self.slots = SlotKeeper(self.id, self.local, self._resume)
+        self.slots = SlotKeeper(self.id, self.local, self._resume, self._give_back_parked)
         self.idle = IdleMark(self)
         self.notified = threading.Event()  # a wake-up from the listener is already queued
         self.start_seen = threading.Event()  # a _STARTED is already queued
@@ -201,6 +201,10 @@ class Worker:
             mine = [p for p in preps if p.is_async == is_async]
             if mine and executor is not None:
                 executor.resume(mine)
+
+    def _give_back_parked(self, preps: list) -> None:
+        """Parked tasks that must not start here after all: back to READY, unstarted."""
+        self.to_hand_back.extend(p.key for p in preps if p.key not in self.to_hand_back)
 
     def _on_start(self) -> None:
         # Called from a task thread or the event loop as a body starts.
@@ -393,6 +397,12 @@ class Worker:
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + self.options.heartbeat
             self.leases.heartbeat()
+        if self.slots.sized:
+            # Between claims too (its threads may all be busy): a queue paused, or claimed by
+            # the gate now, gets its parked tasks back within a second, before they start.
+            self.flow.refresh(self.conn)
+            self.slots.follow(self.conn, self.flow.slotted, set(self.flow.gated), self.flow.paused)
+            self.claims.top_up_slots()
         if now >= self.next_rescue and now - self.reconnected_at < self.options.liveness_grace:
             self.next_rescue = self.reconnected_at + self.options.liveness_grace
         elif now >= self.next_rescue:

@@ -140,13 +140,24 @@ def test_take_never_gives_one_slot_to_two_workers():
     c = slots.take(connection, "w:c", "q", 1, now, now + timedelta(seconds=30))
     assert c == b
     assert slots.renew(connection, "w:b", now + timedelta(seconds=30)) == {}
+    # A lower limit deletes free rows past it; held ones stay until their holder retires
+    # them (what runs on them finishes first), so a limit raised again meanwhile finds none free.
+    slots.give_back(connection, "w:c", "q", c)
     slots.size(connection, "q", 1)
-    assert slots.renew(connection, "w:a", now + timedelta(seconds=30)) in ({"q": {0}}, {})
+    assert sorted(Slot.objects.filter(queue="q").values_list("n", flat=True)) == [0, 1]
+    slots.size(connection, "q", 2)
+    assert slots.take(connection, "w:d", "q", 2, now, now + timedelta(seconds=30)) == []
+    slots.retire(connection, "w:a", "q", [1], 1)
+    assert slots.renew(connection, "w:a", now + timedelta(seconds=30)) == {"q": {0}}
     assert Slot.objects.filter(queue="q").count() == 1
 
 
-def _prep(key: str, queue: str = "q", is_async: bool = False):
-    return SimpleNamespace(key=(key, 1), is_async=is_async, claimed=SimpleNamespace(queue=queue))
+_SEQ = iter(range(10**6))
+
+
+def _prep(key: str, queue: str = "q", is_async: bool = False, priority: int = 0):
+    claimed = SimpleNamespace(queue=queue, priority=priority, run_after=next(_SEQ), id=key)
+    return SimpleNamespace(key=(key, 1), is_async=is_async, claimed=claimed)
 
 
 def test_local_limits_park_in_order_and_release_as_slots_free():
@@ -168,6 +179,12 @@ def test_local_limits_park_in_order_and_release_as_slots_free():
     f_ = _prep("f")
     assert not local.admit(f_)
     assert local.set_allowance("q", None) == [f_]  # no longer slotted: everything may start
+    # A more urgent task claimed later starts before the ones parked earlier.
+    local.set_allowance("r", 1)
+    g, h, urgent = _prep("g", "r"), _prep("h", "r"), _prep("urgent", "r", priority=10)
+    assert local.admit(g) and not local.admit(h) and not local.admit(urgent)
+    assert local.finished(g) == [urgent]
+    assert local.take_queue("r") == [h]
 
 
 def test_a_parked_task_cancelled_ends_at_once_not_when_a_slot_frees(start_worker):
@@ -212,3 +229,21 @@ def test_operators_see_the_slots_held_and_why_a_task_waits(start_worker):
     Task.objects.filter(status=Status.RUNNING).update(cancel_requested=True)
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=60) == 0
+
+
+def test_tasks_running_without_a_slot_use_the_limit_too():
+    """A task the gate started (a worker serving a queue with a rate as well, or before the
+    queue was slotted) runs without a slot: the slots free for the taking are fewer by it."""
+    from datetime import timedelta
+
+    from ox import clock
+
+    slots.size(connection, "emails", 2)
+    now = clock.db_now(connection)
+    r = f.limited.enqueue("gated", 1.0)
+    Task.objects.filter(pk=r.id).update(status=Status.RUNNING, worker_id="gate:1:x", lease_expires_at=now)
+    assert slots.take(connection, "w:a", "emails", 2, now, now + timedelta(seconds=30)) == [0]
+    Task.objects.filter(pk=r.id).update(status=Status.SUCCESSFUL)
+    assert slots.take(connection, "w:a", "emails", 1, now, now + timedelta(seconds=30)) == [1]
+    # A slot holder's own RUNNING tasks (parked ones too) are not counted twice.
+    assert slots.take(connection, "w:b", "emails", 1, now, now + timedelta(seconds=30)) == []

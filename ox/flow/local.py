@@ -10,6 +10,11 @@ from collections import Counter, deque
 from typing import Any
 
 
+def _order(prep: Any) -> tuple:
+    c = prep.claimed
+    return (-c.priority, c.run_after, c.id)
+
+
 class LocalLimits:
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -31,7 +36,12 @@ class LocalLimits:
                 self.running[queue] += 1
                 self.counted.add(prep.key)
                 return True
-            self.parked.setdefault(queue, deque()).append(prep)
+            waiting = self.parked.setdefault(queue, deque())
+            waiting.append(prep)
+            if len(waiting) > 1 and _order(waiting[-2]) > _order(prep):
+                # A more urgent task claimed after the ones parked goes before them: parked
+                # tasks start in claim order (priority, then due time, then id).
+                self.parked[queue] = deque(sorted(waiting, key=_order))
             return False
 
     def finished(self, prep: Any) -> list[Any]:
@@ -48,9 +58,9 @@ class LocalLimits:
         """How many slots of `queue` this worker holds (None: the queue is not slotted any
         more). Returns the parked tasks that may start now."""
         with self.lock:
-            if slots is None:
+            if slots is None:  # no limit here now: they all go (the caller took them if not)
                 self.allowance.pop(queue, None)
-                return list(self.parked.pop(queue, ()))  # no limit here now: they all go
+                return list(self.parked.pop(queue, ()))
             self.allowance[queue] = slots
             return self._release(queue)
 
@@ -82,6 +92,11 @@ class LocalLimits:
                 waiting.clear()
                 waiting.extend(kept)
             return out
+
+    def take_queue(self, queue: str) -> list[Any]:
+        """Every parked task of a queue, both kinds (it was paused, or the gate claims it now)."""
+        with self.lock:
+            return list(self.parked.pop(queue, ()))
 
     def drop(self, key: Any, is_async: bool) -> Any | None:
         """Take one parked task of a kind out (its lease was lost, or it was cancelled before

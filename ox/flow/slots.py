@@ -24,31 +24,50 @@ from ox import sql
 
 
 def size(conn: BaseDatabaseWrapper, queue: str, n: int) -> None:
-    """Make the queue have exactly slots 0..n-1: new rows free, rows past n deleted (a worker
-    holding one loses it at its next renewal; what it runs finishes)."""
+    """Make the queue have slots 0..n-1: new rows free, free rows past n deleted. A held row
+    past n stays until its holder, which stops starting tasks on it, gives it back when
+    what runs on it has finished (a limit raised again meanwhile must not find it free)."""
     with sql.transaction(conn) as cursor:
         marks = ", ".join(["(%s, %s, '')"] * n)
         cursor.execute(
             f"INSERT INTO ox_slot (queue, n, worker_id) VALUES {marks} ON CONFLICT (queue, n) DO NOTHING",
             [v for i in range(n) for v in (queue, i)],
         )
-        cursor.execute("DELETE FROM ox_slot WHERE queue = %s AND n >= %s", [queue, n])
+        cursor.execute("DELETE FROM ox_slot WHERE queue = %s AND n >= %s AND worker_id = ''", [queue, n])
+
+
+def retire(conn: BaseDatabaseWrapper, worker_id: str, queue: str, numbers: Iterable[int], n: int) -> None:
+    """Give back slots past a lowered limit n: deleted (or freed, if the limit was raised
+    past them again)."""
+    give_back(conn, worker_id, queue, numbers)
+    with conn.cursor() as cursor:
+        cursor.execute("DELETE FROM ox_slot WHERE queue = %s AND n >= %s AND worker_id = ''", [queue, n])
 
 
 def take(
     conn: BaseDatabaseWrapper, worker_id: str, queue: str, want: int, now: datetime, expires_at: datetime
 ) -> list[int]:
-    """Lease up to `want` free slots of the queue; the slot numbers taken."""
+    """Lease up to `want` free slots of the queue; the slot numbers taken. Fewer while tasks
+    of the queue run without a slot (claimed by the gate, by a worker serving a queue the
+    gate claims, or before the queue was slotted): what they use of the limit is not free."""
     if want <= 0:
         return []
     lock = " FOR UPDATE SKIP LOCKED" if sql.is_postgres(conn) else ""
     ts, until = sql._ts(conn, now), sql._ts(conn, expires_at)
+    free = "(worker_id = '' OR expires_at < %s)"
+    # RUNNING rows of the queue whose worker holds none of its slots (ox_task_running_queue).
+    unslotted = (
+        "(SELECT count(*) FROM ox_task t WHERE t.status = 'RUNNING' AND t.queue = %s AND NOT EXISTS"
+        " (SELECT 1 FROM ox_slot h WHERE h.queue = t.queue AND h.worker_id = t.worker_id AND h.worker_id <> ''))"
+    )
     with sql.transaction(conn) as cursor:
         cursor.execute(
             "UPDATE ox_slot SET worker_id = %s, expires_at = %s WHERE id IN ("
-            "SELECT id FROM ox_slot WHERE queue = %s AND (worker_id = '' OR expires_at < %s)"
-            f" ORDER BY n LIMIT %s{lock}) RETURNING n",
-            [worker_id, until, queue, ts, want],
+            f"SELECT id FROM ox_slot WHERE queue = %s AND {free} ORDER BY n LIMIT"
+            f" (SELECT max(v) FROM (SELECT 0 AS v UNION ALL SELECT min(w) FROM (SELECT %s AS w UNION ALL"
+            f" SELECT (SELECT count(*) FROM ox_slot WHERE queue = %s AND {free}) - {unslotted}) m) c){lock})"
+            " RETURNING n",
+            [worker_id, until, queue, ts, want, queue, ts, queue],
         )
         return sorted(int(r[0]) for r in cursor.fetchall())
 

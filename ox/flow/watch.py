@@ -23,6 +23,7 @@ class FlowWatch:
         self.queues = list(dict.fromkeys(queues))
         self.limits: dict[str, QueueLimits] = {}  # queue -> limits, every queue once any is limited
         self.explicit: set[str] = set()
+        self.paused: set[str] = set()  # as read at the last refresh
         self._set({q: settings[q] for q in self.queues if q in settings and settings[q].any})
         self.next_refresh = 0.0
         self.blocked: dict[str, str] = {}  # queue -> reason, from the last gate
@@ -39,6 +40,7 @@ class FlowWatch:
             return
         self.next_refresh = now + REFRESH
         states = read_states(conn, self.queues)
+        self.paused = {q for q, state in states.items() if state[0]}
         limited = {}
         for q in self.queues:
             base = self.settings.get(q, QueueLimits())
@@ -60,29 +62,29 @@ class FlowWatch:
                 self.wake_at.pop(q, None)
                 self.hold_until.pop(q, None)
 
+    def _own_gated(self) -> list[str]:
+        return [q for q in self.explicit if q in self.limits and not self.limits[q].slotted]
+
     @property
     def slotted(self) -> dict[str, int]:
         """Queues whose only limit is `concurrency`: claimed under leased slots
-        (ox.flow.slots), not through the gate. queue -> its concurrency."""
-        return {
-            q: lim.concurrency
-            for q, lim in self.limits.items()
-            if q in self.explicit and lim.slotted and lim.concurrency
-        }
+        (ox.flow.slots), not through the gate; queue -> its concurrency. None for a worker
+        that also serves a queue the gate claims: the gate claims them all then, in one
+        priority order (it counts RUNNING rows, slotted workers' included)."""
+        if self._own_gated():
+            return {}
+        return {q: lim.concurrency for q, lim in self.limits.items() if q in self.explicit and lim.concurrency}
 
     @property
     def gated(self) -> dict[str, QueueLimits]:
-        """The queues the gate claims: those with key limits, rates, or limits it cannot
-        read, and with them the unlimited ones (one ordering by priority over all of them)."""
-        own = [q for q in self.explicit if q in self.limits and not self.limits[q].slotted]
-        if not own:
-            return {}
-        return {q: lim for q, lim in self.limits.items() if q not in self.explicit or q in own}
+        """The queues the gate claims: with one that has key limits, rates, or limits it
+        cannot read, every queue of this worker (one ordering by priority over all)."""
+        return dict(self.limits) if self._own_gated() else {}
 
     @property
     def unlimited(self) -> list[str]:
         """The queues the ordinary claim takes (slotted ones join it under their slots)."""
-        if self.gated:
+        if self._own_gated():
             return []
         return [q for q in self.queues if q not in self.explicit]
 
@@ -96,10 +98,12 @@ class FlowWatch:
         self.wake_at.update(gated.wake_at)
         self.hold_until.update(gated.hold_until)
 
-    def slots_held(self, queue: str, held: int) -> None:
-        """A slotted queue's claim: without a slot here the queue is held back (another
-        worker runs its limit's worth), which keeps this worker from marking itself idle."""
-        if held:
+    def slots_room(self, queue: str, room: int) -> None:
+        """A slotted queue's claim: with no room here (no slot, or its slots' worth of tasks
+        held here already) the queue is held back: the worker neither claims it nor wakes
+        for its due tasks (it looks again when one of its tasks of the queue finishes, or at
+        the poll), and does not mark itself idle."""
+        if room > 0:
             self.blocked.pop(queue, None)
         else:
             self.blocked[queue] = CONCURRENCY
