@@ -222,10 +222,10 @@ def test_operators_see_the_slots_held_and_why_a_task_waits(start_worker):
     (waiting,) = enqueue_many(f.limited, [(("w", 0.0), {})])
     flow = queue_flows(["emails"])[0]
     assert flow.slots_held == 2 and flow.full
-    assert "2 of 2 slots held" in " ".join(flow.reasons)
+    assert "2 of 2 running" in " ".join(flow.reasons)
     task = Task.objects.get(pk=waiting.id)
     if task.status == Status.READY:  # not claimed (parked) by the worker yet
-        assert "2 of 2 slots held" in (why_waiting(task) or "")
+        assert "2 of 2 running" in (why_waiting(task) or "")
     Task.objects.filter(status=Status.RUNNING).update(cancel_requested=True)
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=60) == 0

@@ -45,7 +45,8 @@ class QueueFlow:
     scheduled: int = 0  # READY tasks waiting for their run_after
     waiting_on_limit: int = 0  # due tasks the pause or a limit holds back now (capped)
     full: bool = False  # concurrency reached
-    slots_held: int | None = None  # a slotted queue (ox.flow.slots): its slots leased now
+    # a slotted queue (ox.flow.slots): its slots leased now, plus its tasks running without one
+    slots_held: int | None = None
     full_keys: dict[str, int] = field(default_factory=dict)  # key -> running, keys at key_concurrency
     next_start_at: datetime | None = None  # a rate allows the next start then (None: now)
     reasons: list[str] = field(default_factory=list)
@@ -84,8 +85,21 @@ def queue_flows(queues: list[str] | None = None, using: str | None = None) -> li
     slotted = [v.name for v in found if v.limits.slotted]
     held: Counter[str] = Counter()
     if slotted:
+        # In use: the slots held, and the tasks running without one (started by the gate),
+        # as ox.flow.slots.take counts them; a holder's RUNNING rows past its slots are parked.
         rows = Slot.objects.using(db).filter(queue__in=slotted, expires_at__gte=now).exclude(worker_id="")
+        holders = set(rows.values_list("queue", "worker_id"))
         held.update(rows.values_list("queue", flat=True))
+        by_worker = (
+            Task.objects.using(db)
+            .filter(status=Status.RUNNING, queue__in=slotted)
+            .values_list("queue", "worker_id")
+            .annotate(n=Count("pk"))
+            .order_by()
+        )
+        for queue, worker, n in by_worker:
+            if (queue, worker) not in holders:
+                held[queue] += n
     out = []
     for view in found:
         flow = QueueFlow(view)
@@ -102,7 +116,7 @@ def queue_flows(queues: list[str] | None = None, using: str | None = None) -> li
             flow.slots_held = held.get(view.name, 0)
             if flow.slots_held >= lim.concurrency:
                 flow.full = True
-                flow.reasons.append(f"at its concurrency limit ({flow.slots_held} of {lim.concurrency} slots held)")
+                flow.reasons.append(f"at its concurrency limit ({flow.slots_held} of {lim.concurrency} running)")
         elif lim.concurrency is not None and flow.running >= lim.concurrency:
             flow.full = True
             flow.reasons.append(f"at its concurrency limit ({flow.running} of {lim.concurrency} running)")
@@ -149,7 +163,7 @@ def why_waiting(task: TaskBase, using: str | None = None) -> str | None:
     if flow.view.paused:
         return f"queue {task.queue!r} is paused"
     if flow.full and flow.slots_held is not None:
-        return f"queue {task.queue!r} is at its concurrency limit ({flow.slots_held} of {lim.concurrency} slots held)"
+        return f"queue {task.queue!r} is at its concurrency limit ({flow.slots_held} of {lim.concurrency} running)"
     if flow.full:
         return f"queue {task.queue!r} is at its concurrency limit ({flow.running} of {lim.concurrency} running)"
     if task.limit_key is not None and task.limit_key in flow.full_keys:
