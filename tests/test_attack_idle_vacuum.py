@@ -173,6 +173,8 @@ def test_a_heartbeat_that_fails_while_clearing_leaves_the_row_marked_for_good():
     Driven through ox.leases.Leases.heartbeat, on a stand-in for the worker with every slot busy."""
     from types import SimpleNamespace
 
+    from ox.flow.keeper import SlotKeeper
+    from ox.flow.local import LocalLimits
     from ox.leases import Leases
 
     row = worker_row(["default"], idle=False)
@@ -188,6 +190,8 @@ def test_a_heartbeat_that_fails_while_clearing_leaves_the_row_marked_for_good():
         completer=SimpleNamespace(pending=lambda: []),
         options=SimpleNamespace(lease=30.0),
         conn=open_worker_connection(connection.alias),
+        # No slotted queue: the heartbeat's renewal of slots has nothing to do.
+        slots=SlotKeeper(row.id, LocalLimits(), lambda preps: None, lambda preps: None),
     )
     fake.idle = IdleMark(fake)
     leases = Leases(fake)
