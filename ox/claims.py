@@ -141,6 +141,7 @@ class Claims:
         # Queues whose only limit is concurrency: under the slots held here (ox.flow.keeper),
         # in the ordinary claim, at most `room` each (more would only wait parked).
         open_slotted = []
+        extra = 0 if w.prefetch_hold else w.prefetch.size()
         for queue, n in slotted.items():
             if queue in flow.paused:  # nothing to claim (the statement skips it): no slot either
                 w.slots.trim(w.conn, queue, self._of(queue))
@@ -150,7 +151,6 @@ class Claims:
             # one would otherwise take a sync queue's every slot), plus those its tasks of the
             # queue run on. A worker whose threads are busy with other queues takes none.
             cap = self._slot_cap(queue, n)
-            extra = 0 if w.prefetch_hold else w.prefetch.size()
             room = w.slots.room(w.conn, queue, max(limits) > 0, self._of(queue), extra, cap, now, lease)
             flow.slots_room(queue, room)
             if room > 0:

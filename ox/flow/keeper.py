@@ -5,8 +5,8 @@ tasks may run here at once.
 
 A claim of a slotted queue asks for the slots held plus the prefetch, less what the worker
 already holds of the queue: tasks past the slots wait parked, claimed and leased, and start
-here as slots free. A claim that got less than it asked for found no more work: the slots
-beyond the queue's tasks held here go back at once, for other workers."""
+here as slots free. After each claim the slots beyond the queue's tasks held here go back at
+once, for other workers."""
 
 import logging
 from collections.abc import Callable
@@ -16,6 +16,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox.flow import slots
 from ox.flow.local import LocalLimits
+from ox.logs import event
 
 logger = logging.getLogger("ox.worker")
 
@@ -98,8 +99,14 @@ class SlotKeeper:
         for queue, held in list(self.held.items()):
             still = held & kept.get(queue, set())
             if still != held:
-                logger.warning(
-                    "slots lost queue=%s held=%d kept=%d worker=%s", queue, len(held), len(still), self.worker_id
+                event(
+                    logger,
+                    logging.WARNING,
+                    "slots lost",
+                    queue=queue,
+                    held=len(held),
+                    kept=len(still),
+                    worker=self.worker_id,
                 )
                 self._set(queue, still)
 

@@ -23,9 +23,6 @@ class LocalLimits:
         self.parked: dict[str, deque[Any]] = {}
         self.counted: set[Any] = set()  # keys admitted under a slotted queue's count
 
-    def limited(self, queue: str) -> bool:
-        return queue in self.allowance
-
     def admit(self, prep: Any) -> bool:
         """May this task start now? If not it is parked (False) until a slot of its queue frees here."""
         queue = prep.claimed.queue

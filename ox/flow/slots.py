@@ -111,21 +111,3 @@ def give_back_all(conn: BaseDatabaseWrapper, worker_id: str) -> None:
         if sql.is_postgres(conn):
             for queue in queues:
                 cursor.execute("SELECT pg_notify('ox_task', %s)", [queue])
-
-
-def holders(conn: BaseDatabaseWrapper, queues: list[str], now: datetime) -> dict[str, dict[str, int]]:
-    """queue -> worker -> slots held now (leases not run out), for the dashboard and status."""
-    if not queues:
-        return {}
-    marks = ", ".join(["%s"] * len(queues))
-    with conn.cursor() as cursor:
-        cursor.execute(
-            f"SELECT queue, worker_id, count(*) FROM ox_slot WHERE queue IN ({marks}) AND worker_id <> ''"
-            " AND expires_at >= %s GROUP BY queue, worker_id",
-            [*queues, sql._ts(conn, now)],
-        )
-        rows = cursor.fetchall()
-    out: dict[str, dict[str, int]] = {}
-    for queue, worker, count in rows:
-        out.setdefault(queue, {})[worker] = int(count)
-    return out
