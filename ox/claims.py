@@ -53,7 +53,9 @@ class Claims:
         # A worker whose queues go through the gate (ox.flow) claims for free slots only: a
         # prefetched task would hold a limited slot without running, and asking the gate for
         # room it will not give is a claim (and a probe) for nothing while the slots are busy.
-        extra = 0 if w.prefetch_hold or w.flow.gated else w.prefetch.size()
+        # Except where key concurrency is the only limit (FlowWatch.prefetchable): a task
+        # claimed ahead then holds just its own key.
+        extra = 0 if w.prefetch_hold or not w.flow.prefetchable else w.prefetch.size()
         limits = []
         for is_async, slots in ((False, w.settings.concurrency), (True, w.settings.async_concurrency)):
             busy = self.busy(is_async)
@@ -79,6 +81,7 @@ class Claims:
         w.completer.flush_failures(w.conn)
         done = w.completer.take_successes()
         w.flow.refresh(w.conn)
+        w.leases.give_back_if_tightened()  # before the claim: what it set aside goes back first
         try:
             written, claimed, filled = self._claim_rows(done, (sync_limit, async_limit), now, lease)
         except Exception as exc:
@@ -125,7 +128,8 @@ class Claims:
     ) -> tuple[set[tuple[uuid.UUID, int]], list[sql.Claimed], bool]:
         """Queues with key limits or rates through the gate (ox.flow.gate) first, with the
         completions (their slots then count as free), for the free slots only (no prefetch:
-        a prefetched task would hold a limited slot without running); then one ordinary
+        a prefetched task would hold a limited slot without running; but with prefetch when
+        key concurrency is the only limit, see limits()); then one ordinary
         claim for the unlimited queues and the slotted ones this worker holds slots of
         (ox.flow.keeper; prefetch included: past its slots a task waits parked here), with
         the completions if the gate did not take them. Returns the completions written, the
@@ -157,12 +161,14 @@ class Claims:
                 open_slotted.append(queue)
         looked = flow.open_limited(now.timestamp())
         if looked:
-            demand = tuple(
-                min(want, max(slots - self.busy(kind), 0))
-                for want, slots, kind in zip(
-                    limits, (w.settings.concurrency, w.settings.async_concurrency), (False, True), strict=True
+            demand = limits
+            if not flow.prefetchable:
+                demand = tuple(
+                    min(want, max(slots - self.busy(kind), 0))
+                    for want, slots, kind in zip(
+                        limits, (w.settings.concurrency, w.settings.async_concurrency), (False, True), strict=True
+                    )
                 )
-            )
             gate_written, gated = gate.claim_limited(
                 w.conn, w.id, {q: flow.limits[q] for q in looked}, demand, now, lease, done
             )

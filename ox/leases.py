@@ -147,30 +147,53 @@ class Leases:
         self._give_back_hoarded(now, is_async=True)
         self._give_back_parked(now)
 
+    def give_back_if_tightened(self) -> None:
+        """A limit was set at run time that a prefetched task would hold more of than its
+        key (ox.flow.watch.FlowWatch.tightened): the tasks claimed ahead of a thread go back
+        unstarted, so they start only as the new limit allows (a claim from now on is for
+        free threads only)."""
+        w = self.w
+        if not w.flow.tightened:
+            return
+        w.flow.tightened = False
+        taken = [p for ex in (w.sync, w.aio) if ex is not None for p in ex.take_back()]
+        if taken:
+            w.to_hand_back.extend(p.key for p in taken if p.key not in w.to_hand_back)
+            event(logger, logging.INFO, "gave back prefetched tasks: a limit was set", count=len(taken), worker=w.id)
+
     def _give_back_parked(self, now: float) -> None:
         """A slotted queue's slots here are all busy with tasks past the prefetch window,
         and tasks of it wait parked behind them: give those back (another worker may hold
         a free slot, and a more urgent task enqueued since goes before them)."""
         w = self.w
         window = w.options.prefetch_window
-        if window is None or w.stopping:
+        if w.stopping:
             return
         for queue, waiting in list(w.local.parked.items()):
             if not waiting:
                 continue
-            started = [
-                at
-                for key, h in w.held.items()
-                if h.prep is not None and h.claimed.queue == queue
-                if (at := (w.aio if h.prep.is_async else w.sync).started_at(key)) is not None  # type: ignore[union-attr]
-            ]
-            if len(started) < w.slots.count(queue) or any(now - at <= window for at in started):
+            if w.slots.count(queue) == 0:
+                # No slot here (lost: another worker took it after its lease lapsed), and
+                # whatever the window: held here, RUNNING on no slot, they would count against
+                # the free slots and keep every worker, this one too, from the slots they
+                # wait for.
+                message = "gave back tasks parked without a slot"
+            elif window is None:
                 continue
+            else:
+                started = [
+                    at
+                    for key, h in w.held.items()
+                    if h.prep is not None and h.claimed.queue == queue
+                    if (at := (w.aio if h.prep.is_async else w.sync).started_at(key)) is not None  # type: ignore[union-attr]
+                ]
+                if len(started) < w.slots.count(queue) or any(now - at <= window for at in started):
+                    continue
+                message = "gave back tasks parked behind long ones"
             taken = w.local.take_queue(queue)
             if taken:
                 w.to_hand_back.extend(p.key for p in taken if p.key not in w.to_hand_back)
                 w.prefetch_hold = True
-                message = "gave back tasks parked behind long ones"
                 event(logger, logging.INFO, message, count=len(taken), queue=queue, worker=w.id)
 
     def _give_back_hoarded(self, now: float, is_async: bool) -> None:

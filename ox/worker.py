@@ -397,10 +397,14 @@ class Worker:
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + self.options.heartbeat
             self.leases.heartbeat()
-        if self.slots.sized:
+        prefetched = any(ex.waiting() for ex in (self.sync, self.aio) if ex is not None)
+        if self.slots.sized or prefetched:
             # Between claims too (its threads may all be busy): a queue paused, or claimed by
-            # the gate now, gets its parked tasks back within a second, before they start.
+            # the gate now, gets its parked tasks back within a second, before they start;
+            # tasks claimed ahead go back if a limit they would hold was set meanwhile.
             self.flow.refresh(self.conn)
+            self.leases.give_back_if_tightened()
+        if self.slots.sized:
             self.slots.follow(self.conn, self.flow.slotted, set(self.flow.gated), self.flow.paused)
             self.claims.top_up_slots()
         if now >= self.next_rescue and now - self.reconnected_at < self.options.liveness_grace:

@@ -238,7 +238,7 @@ def _measure_all(limit: int) -> dict[str, tuple[int, list[str]]]:
                 continue
             # The gate reads a window of candidates past what it takes (tasks of full keys
             # are passed over): its sorts are bounded by that window, not by `limit`.
-            bound = max(gate.WINDOW_MIN, gate.WINDOW_PER_TASK * limit) if "gate" in name else limit
+            bound = gate._window(limit) if "gate" in name else limit
             buffers, found = check_pg(name, text, params, bound)
             total += buffers
             problems += found

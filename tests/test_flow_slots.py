@@ -17,6 +17,7 @@ from ox.flow.queues import set_limits
 from ox.models import Attempt, Slot, Status, Task
 from tests import flow_tasks as f
 from tests.helpers import wait_until
+from tests.test_durability import options
 from tests.test_flow_limits import drained, limits, most_at_once
 from tests.testapp.models import Span
 
@@ -88,12 +89,16 @@ def test_lowering_the_limit_at_run_time_takes_slots_away(start_worker):
     assert later and most_at_once(later) == 1
 
 
-def test_slots_taken_over_after_a_lapsed_lease_stop_counting_here(start_worker):
+@pytest.mark.parametrize("window", ["default", None], ids=["prefetch-window", "always-prefetch"])
+def test_slots_taken_over_after_a_lapsed_lease_stop_counting_here(start_worker, window):
     """Another worker took both slots (as after this one's lease ran out in an outage): at
     its next heartbeat this worker starts nothing more of the queue; when they are free
-    again it goes on."""
+    again it goes on. Also with PREFETCH_WINDOW None (always prefetch): the tasks parked
+    here with no slot to run on go back (held here they would count as running without a
+    slot, and keep every worker, this one too, from taking the slots they wait for)."""
     enqueue_many(f.limited, [((f"t{i}", 0.1), {}) for i in range(40)])
-    env = limits(emails={"concurrency": 2})
+    extra = {} if window == "default" else {"prefetch_window": None}
+    env = options(limits={"emails": {"concurrency": 2}}, heartbeat=0.5, rescue_interval=0.5, **extra)
     start_worker("--concurrency", "4", "--queues", "emails", env=env)
     wait_until(lambda: Span.objects.count() >= 4, timeout=30)
     Slot.objects.filter(queue="emails").update(worker_id="elsewhere:1:x", expires_at="2999-01-01T00:00:00Z")
@@ -196,7 +201,9 @@ def test_a_parked_task_cancelled_ends_at_once_not_when_a_slot_frees(start_worker
     long = f.limited.enqueue("long", 20.0)
     time.sleep(0.01)
     parked = enqueue_many(f.limited, [((f"p{i}", 0.0), {}) for i in range(3)])
-    env = limits(emails={"concurrency": 1})
+    # PREFETCH_WINDOW None: they stay parked behind the long task (with the window they go
+    # back 50 ms after it starts, and the test would race that to see them parked).
+    env = options(limits={"emails": {"concurrency": 1}}, heartbeat=0.5, rescue_interval=0.5, prefetch_window=None)
     worker = start_worker("--concurrency", "4", "--queues", "emails", env=env)
     wait_until(lambda: Span.objects.filter(key="long").exists(), timeout=30)
     wait_until(lambda: Task.objects.filter(pk=parked[0].id, status=Status.RUNNING).exists(), timeout=30)

@@ -31,8 +31,10 @@ class Candidate:
         return cls(r[0], str(r[1]), bool(r[2]), r[3], int(r[4]), _read_ts(r[5]))
 
     @property
-    def order(self) -> tuple[int, datetime, str]:
-        return (-self.priority, self.run_after, str(self.id))
+    def order(self) -> tuple[int, datetime, Any]:
+        # The id as the database returns it (a UUID on PostgreSQL, its hex text on SQLite):
+        # either sorts as the database's id order, and one claim's ids are all one kind.
+        return (-self.priority, self.run_after, self.id)
 
 
 @dataclass

@@ -32,9 +32,11 @@ from ox.flow.limits import QueueLimits
 
 __all__ = ["CONCURRENCY", "KEYS", "KEY_RATE", "PAUSED", "RATE", "Gated", "claim_limited", "prune_key_rates"]
 
-# READY tasks read per kind, per wanted task: a window past the first ones, so that tasks of
-# full keys at the head do not hide others (WINDOW_MIN at least, WINDOW_MAX at most; past it
-# ox.flow.keywalk finds the other keys' first tasks).
+# READY tasks read per kind: a window past the wanted ones, so that tasks of full keys at the
+# head do not hide others. A few wanted (free threads): WINDOW_PER_TASK each, WINDOW_MIN at
+# least. Many (a prefetching claim): WINDOW_MIN past twice as many, since each candidate read
+# costs the claim Python work too and a window passed over in full is read again longer
+# anyway. WINDOW_MAX at most; past it ox.flow.keywalk finds the other keys' first tasks.
 WINDOW_PER_TASK = 8
 WINDOW_MIN = 64
 WINDOW_MAX = 1000
@@ -161,7 +163,7 @@ def claim_limited(
 
 
 def _window(want: int) -> int:
-    return min(max(WINDOW_MIN, WINDOW_PER_TASK * want), WINDOW_MAX)
+    return min(max(WINDOW_MIN, WINDOW_PER_TASK * want), WINDOW_MIN + 2 * want, WINDOW_MAX)
 
 
 def _claim_pg(

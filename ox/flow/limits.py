@@ -104,6 +104,12 @@ class QueueLimits:
         return self.concurrency is not None and self == QueueLimits(concurrency=self.concurrency)
 
     @property
+    def key_only(self) -> bool:
+        """Key concurrency is the only limit: a task claimed ahead of a free thread (prefetch)
+        holds only its own key, which no other worker could start then anyway."""
+        return self.key_concurrency is not None and self == QueueLimits(key_concurrency=self.key_concurrency)
+
+    @property
     def keyed(self) -> bool:
         return self.key_concurrency is not None or self.key_rate is not None
 

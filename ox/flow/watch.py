@@ -29,6 +29,11 @@ class FlowWatch:
         self.blocked: dict[str, str] = {}  # queue -> reason, from the last gate
         self.wake_at: dict[str, float] = {}  # queue -> epoch seconds: look again then (rates)
         self.hold_until: dict[str, float] = {}  # queue -> epoch seconds: its rate allows nothing before
+        # Set when a refresh found a limit that a prefetched task would hold more of than its
+        # key (a queue-wide concurrency, a rate) where there was none: the worker gives back
+        # what it prefetched, unstarted (ox.leases.give_back_if_tightened), so that it starts
+        # as the new limit allows (a slotted queue's tasks then wait parked, under slots).
+        self.tightened = False
 
     def _set(self, limited: dict[str, QueueLimits]) -> None:
         self.explicit = set(limited)  # the queues with limits of their own (or the limited flag)
@@ -49,8 +54,10 @@ class FlowWatch:
             # even if its overrides read as no limit here (a value this version cannot read).
             if lim.any or (q in states and states[q][2]):
                 limited[q] = lim
-        before = self.limits
+        before, held_before = self.limits, self._held_by_prefetch()
         self._set(limited)
+        if self._held_by_prefetch() - held_before:
+            self.tightened = True
         for q, lim in self.limits.items():
             if before.get(q) != lim:  # limits changed (a run-time override): look afresh
                 self.blocked.pop(q, None)
@@ -80,6 +87,19 @@ class FlowWatch:
         """The queues the gate claims: with one that has key limits, rates, or limits it
         cannot read, every queue of this worker (one ordering by priority over all)."""
         return dict(self.limits) if self._own_gated() else {}
+
+    @property
+    def prefetchable(self) -> bool:
+        """Whether the gate may claim ahead of free threads: only when every queue it claims
+        is limited by key concurrency alone (ahead of a free thread a task would hold a
+        queue-wide slot, or spend a rate's token early; a queue flagged limited with limits
+        this worker cannot read is taken as the strictest). True with nothing gated."""
+        return not self._held_by_prefetch() & set(self.gated)
+
+    def _held_by_prefetch(self) -> set[str]:
+        """Queues whose limits a task claimed ahead of a thread would hold more of than its
+        key: all limited ones but those limited by key concurrency alone."""
+        return {q for q in self.explicit if not self.limits[q].key_only}
 
     @property
     def unlimited(self) -> list[str]:
