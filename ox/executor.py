@@ -26,6 +26,7 @@ from ox.models import Outcome
 logger = logging.getLogger("ox.worker")
 
 SKIPPED = "skipped"  # an outcome kind with nothing to write: the lease is no longer ours
+REPORTED = "reported"  # a skip mark: its outcome (cancelled before it started) was sent already
 Key = tuple[Any, int]
 
 
@@ -93,12 +94,19 @@ class _Executor:
         entry = self.tracker.started.get(key)
         return entry[1] if entry else None
 
-    def interrupt(self, key: Key, exc_type: type[TaskInterrupt]) -> bool:
-        """Interrupt a running task, or make an unstarted one skip (cancelled)."""
+    def interrupt(self, key: Key, exc_type: type[TaskInterrupt], prep: Prepared | None = None) -> bool:
+        """Interrupt a running task, or make an unstarted one skip. An unstarted one
+        cancelled (prep given) ends now, not when a thread or an async slot would have
+        reached it: a task claimed ahead behind a long one would hold its key until then."""
         kind = Outcome.CANCELLED if exc_type is TaskCancelled else SKIPPED
         if self._drop_parked(key, kind):
             return True
-        if self.tracker.mark_skip(key, kind):
+        if kind == Outcome.CANCELLED and prep is not None:
+            if self.tracker.mark_skip(key, REPORTED):
+                self._dropped(prep)
+                self.outcomes.put(skipped(prep, kind))
+                return True
+        elif self.tracker.mark_skip(key, kind):
             return True
         return self._interrupt_running(key, exc_type)
 
@@ -185,7 +193,8 @@ class SyncExecutor(_Executor):
         key = prep.key
         kind = self.tracker.begin(key)
         if kind is not None:
-            self.outcomes.put(skipped(prep, kind))
+            if kind != REPORTED:
+                self.outcomes.put(skipped(prep, kind))
             return
         finished: Finished | None = None
         try:
@@ -210,11 +219,32 @@ class SyncExecutor(_Executor):
                 break
             if prep is not None:
                 taken.append(prep)
+        return self._taken(taken)
+
+    def _taken(self, taken: list[Prepared]) -> list[Prepared]:
+        out = []
         for prep in taken:
             self.route(self.local.finished(prep))  # an admitted one frees its place here
             with self.tracker.lock:
-                self.tracker.skip.pop(prep.key, None)
-        return taken
+                if self.tracker.skip.pop(prep.key, None) != REPORTED:  # not ended already
+                    out.append(prep)
+        return out
+
+    def take_waiting(self, queues: set[str]) -> list[Prepared]:
+        """The tasks of these queues waiting in the inbox for a thread (not the parked)."""
+        kept, taken = [], []
+        while True:
+            try:
+                prep = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if prep is None:  # a stop: the threads still get it
+                kept.append(prep)
+            else:
+                (taken if prep.claimed.queue in queues else kept).append(prep)
+        for prep in kept:  # in their order: only this thread (the worker's loop) submits
+            self.inbox.put(prep)
+        return self._taken(taken)
 
     def stop(self) -> None:
         for _ in self.threads:
@@ -280,7 +310,8 @@ class AsyncExecutor(_Executor):
             self.waiting_preps.pop(key, None)
             kind = self.tracker.begin(key)
             if kind is not None:
-                self.outcomes.put(skipped(prep, kind))
+                if kind != REPORTED:
+                    self.outcomes.put(skipped(prep, kind))
                 return
             finished: Finished | None = None
             try:
@@ -314,6 +345,16 @@ class AsyncExecutor(_Executor):
                 self.waiting_preps.pop(key, None)
                 taken.append(prep)
             elif self.tracker.mark_skip(key, SKIPPED):
+                self.waiting_preps.pop(key, None)
+                taken.append(prep)
+        return taken
+
+    def take_waiting(self, queues: set[str]) -> list[Prepared]:
+        """The tasks of these queues waiting for an async slot (not the parked)."""
+        taken = []
+        parked = self.local.parked_keys(is_async=True)
+        for key, prep in list(self.waiting_preps.items()):
+            if prep.claimed.queue in queues and key not in parked and self.tracker.mark_skip(key, SKIPPED):
                 self.waiting_preps.pop(key, None)
                 taken.append(prep)
         return taken

@@ -148,18 +148,19 @@ class Leases:
         self._give_back_parked(now)
 
     def give_back_if_tightened(self) -> None:
-        """A limit was set at run time that a prefetched task would hold more of than its
-        key (ox.flow.watch.FlowWatch.tightened): the tasks claimed ahead of a thread go back
-        unstarted, so they start only as the new limit allows (a claim from now on is for
-        free threads only)."""
+        """Queues whose limits were set or changed at run time, or that were paused
+        (ox.flow.watch.FlowWatch.tightened): their tasks claimed ahead of a thread (waiting
+        in an executor, not parked for a slot: ox.flow.keeper sees to those) go back
+        unstarted, so they start as the new limits allow, or after the resume."""
         w = self.w
         if not w.flow.tightened:
             return
-        w.flow.tightened = False
-        taken = [p for ex in (w.sync, w.aio) if ex is not None for p in ex.take_back()]
+        queues, w.flow.tightened = w.flow.tightened, set()
+        taken = [p for ex in (w.sync, w.aio) if ex is not None for p in ex.take_waiting(queues)]
         if taken:
             w.to_hand_back.extend(p.key for p in taken if p.key not in w.to_hand_back)
-            event(logger, logging.INFO, "gave back prefetched tasks: a limit was set", count=len(taken), worker=w.id)
+            message = "gave back tasks claimed ahead: their queue's limits changed, or it was paused"
+            event(logger, logging.INFO, message, count=len(taken), queues=",".join(sorted(queues)), worker=w.id)
 
     def _give_back_parked(self, now: float) -> None:
         """A slotted queue's slots here are all busy with tasks past the prefetch window,

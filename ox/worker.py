@@ -447,5 +447,5 @@ class Worker:
             return
         executor = self.aio if held.prep.is_async else self.sync
         assert executor is not None
-        if executor.interrupt(key, exc_type):
+        if executor.interrupt(key, exc_type, held.prep):
             held.interrupted_at = time.monotonic()

@@ -129,4 +129,4 @@ def test_a_limit_set_at_run_time_sends_back_what_was_claimed_ahead(start_worker,
     later = [s for s in spans if s.started >= since]
     assert len(later) >= 20
     assert most_at_once(later) == 1
-    assert "gave back prefetched tasks: a limit was set" in worker.output()
+    assert "gave back tasks claimed ahead" in worker.output()

@@ -33,10 +33,10 @@ from ox.flow.limits import QueueLimits
 __all__ = ["CONCURRENCY", "KEYS", "KEY_RATE", "PAUSED", "RATE", "Gated", "claim_limited", "prune_key_rates"]
 
 # READY tasks read per kind: a window past the wanted ones, so that tasks of full keys at the
-# head do not hide others. A few wanted (free threads): WINDOW_PER_TASK each, WINDOW_MIN at
-# least. Many (a prefetching claim): WINDOW_MIN past twice as many, since each candidate read
-# costs the claim Python work too and a window passed over in full is read again longer
-# anyway. WINDOW_MAX at most; past it ox.flow.keywalk finds the other keys' first tasks.
+# head do not hide others. A few wanted: WINDOW_PER_TASK each, WINDOW_MIN at least. Many (a
+# prefetching claim, or a worker of many threads): WINDOW_MIN past twice as many, since each
+# candidate read costs the claim Python work too and a window passed over in full is read
+# again longer anyway. WINDOW_MAX at most; past it ox.flow.keywalk finds other keys' tasks.
 WINDOW_PER_TASK = 8
 WINDOW_MIN = 64
 WINDOW_MAX = 1000

@@ -104,10 +104,12 @@ class QueueLimits:
         return self.concurrency is not None and self == QueueLimits(concurrency=self.concurrency)
 
     @property
-    def key_only(self) -> bool:
-        """Key concurrency is the only limit: a task claimed ahead of a free thread (prefetch)
-        holds only its own key, which no other worker could start then anyway."""
-        return self.key_concurrency is not None and self == QueueLimits(key_concurrency=self.key_concurrency)
+    def one_per_key(self) -> bool:
+        """Key concurrency 1 is the only limit: a task claimed ahead of a free thread
+        (prefetch) holds only its own key, which no other task could start then anyway, so
+        order within the key holds. (With N > 1 a task claimed ahead would take one of the
+        key's N places and a later task of the key, claimed elsewhere, would start first.)"""
+        return self == QueueLimits(key_concurrency=1)
 
     @property
     def keyed(self) -> bool:

@@ -79,6 +79,10 @@ class LocalLimits:
         with self.lock:
             return sum(1 for d in self.parked.values() for p in d if p.is_async == is_async)
 
+    def parked_keys(self, is_async: bool) -> set[Any]:
+        with self.lock:
+            return {p.key for d in self.parked.values() for p in d if p.is_async == is_async}
+
     def take_parked(self, is_async: bool) -> list[Any]:
         """Every parked task of one kind (shutdown, or given back): they never started."""
         with self.lock:

@@ -29,11 +29,11 @@ class FlowWatch:
         self.blocked: dict[str, str] = {}  # queue -> reason, from the last gate
         self.wake_at: dict[str, float] = {}  # queue -> epoch seconds: look again then (rates)
         self.hold_until: dict[str, float] = {}  # queue -> epoch seconds: its rate allows nothing before
-        # Set when a refresh found a limit that a prefetched task would hold more of than its
-        # key (a queue-wide concurrency, a rate) where there was none: the worker gives back
-        # what it prefetched, unstarted (ox.leases.give_back_if_tightened), so that it starts
-        # as the new limit allows (a slotted queue's tasks then wait parked, under slots).
-        self.tightened = False
+        # Queues whose limits a refresh found changed (set at run time), or paused: the
+        # worker gives back what it claimed of them ahead of its threads and has not started
+        # (ox.leases.give_back_if_tightened), so that they start as the new limits allow
+        # (claimed again, by the gate or under slots), or wait for the resume.
+        self.tightened: set[str] = set()
 
     def _set(self, limited: dict[str, QueueLimits]) -> None:
         self.explicit = set(limited)  # the queues with limits of their own (or the limited flag)
@@ -45,7 +45,6 @@ class FlowWatch:
             return
         self.next_refresh = now + REFRESH
         states = read_states(conn, self.queues)
-        self.paused = {q for q, state in states.items() if state[0]}
         limited = {}
         for q in self.queues:
             base = self.settings.get(q, QueueLimits())
@@ -54,10 +53,14 @@ class FlowWatch:
             # even if its overrides read as no limit here (a value this version cannot read).
             if lim.any or (q in states and states[q][2]):
                 limited[q] = lim
-        before, held_before = self.limits, self._held_by_prefetch()
+        before, explicit_before, paused_before = self.limits, self.explicit, self.paused
+        self.paused = {q for q, state in states.items() if state[0]}
         self._set(limited)
-        if self._held_by_prefetch() - held_before:
-            self.tightened = True
+        for q in self.queues:
+            changed = self.limits.get(q, QueueLimits()) != before.get(q, QueueLimits())
+            limited_now = q in self.explicit and (changed or q not in explicit_before)
+            if limited_now or (q in self.paused and q not in paused_before):
+                self.tightened.add(q)
         for q, lim in self.limits.items():
             if before.get(q) != lim:  # limits changed (a run-time override): look afresh
                 self.blocked.pop(q, None)
@@ -90,16 +93,12 @@ class FlowWatch:
 
     @property
     def prefetchable(self) -> bool:
-        """Whether the gate may claim ahead of free threads: only when every queue it claims
-        is limited by key concurrency alone (ahead of a free thread a task would hold a
-        queue-wide slot, or spend a rate's token early; a queue flagged limited with limits
-        this worker cannot read is taken as the strictest). True with nothing gated."""
-        return not self._held_by_prefetch() & set(self.gated)
-
-    def _held_by_prefetch(self) -> set[str]:
-        """Queues whose limits a task claimed ahead of a thread would hold more of than its
-        key: all limited ones but those limited by key concurrency alone."""
-        return {q for q in self.explicit if not self.limits[q].key_only}
+        """Whether the gate may claim ahead of free threads: only when every limited queue it
+        claims has key concurrency 1 as its only limit (QueueLimits.one_per_key; ahead of a
+        free thread a task would hold a queue-wide slot, one of a key's several places, or
+        a rate's token early; a queue flagged limited with no limit this worker can read
+        counts as limited). True with nothing gated."""
+        return all(self.limits[q].one_per_key for q in self.explicit if q in self.gated)
 
     @property
     def unlimited(self) -> list[str]:
