@@ -242,7 +242,9 @@ class SyncExecutor(_Executor):
                 kept.append(prep)
             else:
                 (taken if prep.claimed.queue in queues else kept).append(prep)
-        for prep in kept:  # in their order: only this thread (the worker's loop) submits
+        # Back in their order. (A parked task a finishing thread resumes meanwhile may go
+        # before them: no task is lost or doubled, only cross-queue order moves.)
+        for prep in kept:
             self.inbox.put(prep)
         return self._taken(taken)
 
