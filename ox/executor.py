@@ -340,23 +340,21 @@ class AsyncExecutor(_Executor):
         return self.runner.interrupt(key, exc_type)
 
     def take_back(self) -> list[Prepared]:
-        taken = []
         parked = {p.key for p in self.local.take_parked(is_async=True)}
-        for key, prep in list(self.waiting_preps.items()):
-            if key in parked:  # never scheduled again: nothing to skip
-                self.waiting_preps.pop(key, None)
-                taken.append(prep)
-            elif self.tracker.mark_skip(key, SKIPPED):
-                self.waiting_preps.pop(key, None)
-                taken.append(prep)
-        return taken
+        # The parked are never scheduled again: nothing to skip.
+        taken = [self.waiting_preps.pop(key) for key in list(self.waiting_preps) if key in parked]
+        return taken + self._skip_waiting(lambda prep: True)
 
     def take_waiting(self, queues: set[str]) -> list[Prepared]:
         """The tasks of these queues waiting for an async slot (not the parked)."""
-        taken = []
         parked = self.local.parked_keys(is_async=True)
+        return self._skip_waiting(lambda prep: prep.key not in parked and prep.claimed.queue in queues)
+
+    def _skip_waiting(self, chosen: Callable[[Prepared], bool]) -> list[Prepared]:
+        """Waiting tasks `chosen` picks, not started: marked to skip when their turn comes."""
+        taken = []
         for key, prep in list(self.waiting_preps.items()):
-            if prep.claimed.queue in queues and key not in parked and self.tracker.mark_skip(key, SKIPPED):
+            if chosen(prep) and self.tracker.mark_skip(key, SKIPPED):
                 self.waiting_preps.pop(key, None)
                 taken.append(prep)
         return taken

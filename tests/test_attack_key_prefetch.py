@@ -276,18 +276,25 @@ def test_cancel_of_a_task_claimed_ahead_frees_its_key(start_worker):
     )
 
 
-def test_a_timeout_counts_from_the_start_not_the_claim(start_worker):
-    """A keyed task with a 0.5 s timeout claimed ahead behind a 2 s task of another key
-    (PREFETCH_WINDOW None, one thread) is not timed out while it waits; once it runs it
-    succeeds, and a later one of its key then runs."""
+def timed_behind_long(start_worker, long: float, runs: float):
+    """key_concurrency 1, one thread: L (key x, `long` s), then t-0 (key t, a 0.5 s timeout,
+    running `runs` s) claimed ahead behind it, then t-1 (key t); drained. (t-0, t-1)."""
     env = env_for({"key_concurrency": 1})
-    f.per_account.enqueue("L", 2.0, account="x")
+    f.per_account.enqueue("L", long, account="x")
     time.sleep(0.01)
-    t = a.per_account_timed.enqueue("t-0", 0.1, account="t")
+    t = a.per_account_timed.enqueue("t-0", runs, account="t")
     time.sleep(0.01)
     after = f.per_account.enqueue("t-1", 0.0, account="t")
     start_worker("--queues", "emails", "--concurrency", "1", env=env)
     drained(timeout=30)
+    return t, after
+
+
+def test_a_timeout_counts_from_the_start_not_the_claim(start_worker):
+    """A keyed task with a 0.5 s timeout claimed ahead behind a 2 s task of another key
+    (PREFETCH_WINDOW None, one thread) is not timed out while it waits; once it runs it
+    succeeds, and a later one of its key then runs."""
+    t, after = timed_behind_long(start_worker, 2.0, 0.1)
     assert Task.objects.get(pk=t.id).status == Status.SUCCESSFUL
     assert Task.objects.get(pk=after.id).status == Status.SUCCESSFUL
     assert started("t-0") < started("t-1")
@@ -296,14 +303,7 @@ def test_a_timeout_counts_from_the_start_not_the_claim(start_worker):
 def test_a_timed_out_task_claimed_ahead_frees_its_key(start_worker):
     """key_concurrency 1: a task timing out (0.5 s) that had waited claimed ahead frees its
     key for the next one of its key."""
-    env = env_for({"key_concurrency": 1})
-    f.per_account.enqueue("L", 1.0, account="x")
-    time.sleep(0.01)
-    t = a.per_account_timed.enqueue("t-0", 30.0, account="t")
-    time.sleep(0.01)
-    after = f.per_account.enqueue("t-1", 0.0, account="t")
-    start_worker("--queues", "emails", "--concurrency", "1", env=env)
-    drained(timeout=30)
+    t, after = timed_behind_long(start_worker, 1.0, 30.0)
     assert Task.objects.get(pk=t.id).status == Status.FAILED
     assert Task.objects.get(pk=after.id).status == Status.SUCCESSFUL
 
