@@ -13,7 +13,7 @@ from django.tasks import TaskResult
 from django.tasks.signals import task_enqueued
 
 from ox import clock, sql
-from ox.flow.unique import DuplicateTask, ExistingTaskResult, as_existing, limit_key, unique_key
+from ox.flow.unique import DuplicateTask, ExistingTaskResult, as_existing, limit_key
 from ox.ids import uuid7
 from ox.jsoncheck import jsonable
 from ox.models import Task as TaskRow
@@ -61,10 +61,10 @@ def new_task(
 
 def with_flow(task: DjangoTask, row: sql.NewTask, now: datetime) -> sql.NewTask:
     """The row's flow-control columns (ox.flow): its unique key and its limit key."""
-    unique = getattr(task, "unique", None)
-    if unique is not None:
-        row.unique_key, row.unique_until = unique_key(unique, task, row.args, row.kwargs, now)
-        row.unique_states = unique.hold_bits
+    plan = getattr(task, "unique_plan", None)
+    if plan is not None:
+        row.unique_key, row.unique_until = plan.key(row.args, row.kwargs, now)
+        row.unique_states = plan.hold_bits
     explicit = getattr(task, "limit_key", None)
     by = getattr(task, "limit_by", None)
     if explicit is not None:

@@ -1,13 +1,13 @@
 """OxTask: Django's Task with ox's per-task policy (Django 6.1 forwards @task kwargs here)."""
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
 from django.tasks import Task
 
-from ox.flow.unique import Unique, as_by, as_unique, check_limit_key
+from ox.flow.unique import KeyPlan, Unique, as_by, as_unique, check_limit_key
 
 # (exception, task_result) -> seconds | timedelta | None (None: give up, no more attempts)
 Backoff = Callable[[BaseException, Any], float | int | timedelta | None]
@@ -25,9 +25,13 @@ class OxTask(Task):
     unique: Unique | None = None
     limit_by: tuple[str | int, ...] | None = None
     limit_key: str | None = None
+    # How this task's unique key is made, worked out once (ox.flow.unique.KeyPlan): per call
+    # it would cost more than the index it feeds.
+    unique_plan: KeyPlan | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "unique", as_unique(self.unique))
+        object.__setattr__(self, "unique_plan", None if self.unique is None else KeyPlan(self.unique, self))
         object.__setattr__(self, "limit_by", as_by(self.limit_by, "limit_by="))
         if self.limit_key is not None:
             check_limit_key(self.limit_key)

@@ -238,6 +238,65 @@ def unique_key(
     return hashlib.sha256(_text([path, parts]).encode()).hexdigest(), until
 
 
+class KeyPlan:
+    """A unique task's key, worked out once per task rather than per call: the JSON of the
+    task path, the function's parameter names and their defaults (with a key given outright
+    and no period, the whole hash). key() gives exactly what unique_key() gives; a call
+    the plan does not cover (by=, a signature bound() cannot take apart) goes to it."""
+
+    __slots__ = ("_constant", "_defaults", "_head", "_names", "_task", "hold_bits", "unique")
+
+    def __init__(self, unique: Unique, task: Any) -> None:
+        self.unique, self._task, self.hold_bits = unique, task, unique.hold_bits
+        func = getattr(task, "func", None)
+        plain = _plain(func, bool(getattr(task, "takes_context", False))) if func is not None else None
+        fast = unique.key is None and unique.by is None and plain is not None
+        self._names: tuple[str, ...] | None = plain[0] if fast and plain else None
+        self._defaults = {k: _default(k, v) for k, v in plain[1].items()} if plain else {}
+        # The text unique_key() hashes starts '["<path>",["call",' for a whole-call key.
+        self._head = "[" + _text(task.module_path) + ',["call",'
+        self._constant = None
+        if unique.key is not None and unique.period is None:
+            self._constant = unique_key(unique, task, (), {}, datetime.now(UTC))[0]
+
+    def key(self, args: Sequence[Any], kwargs: dict[str, Any], now: datetime) -> tuple[str, datetime | None]:
+        if self._constant is not None:
+            return self._constant, None
+        names = self._names
+        values = None if names is None else self._bind(names, args, kwargs)
+        if values is None:
+            return unique_key(self.unique, self._task, args, kwargs, now)
+        text = self._head + _text(values)
+        until = None
+        period = self.unique.period
+        if period is not None:
+            window = math.floor(now.timestamp() / period)
+            text += f",{window}"
+            until = datetime.fromtimestamp((window + 1) * period, UTC)
+        return hashlib.sha256((text + "]]").encode()).hexdigest(), until
+
+    def _bind(self, names: tuple[str, ...], args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """bound() for a plain signature, its defaults already made JSON-safe."""
+        if not args and len(kwargs) == len(names):
+            try:
+                return {name: kwargs[name] for name in names}
+            except KeyError:
+                return None
+        if len(args) > len(names):
+            return None
+        values = dict(zip(names, args, strict=False))
+        for name, value in kwargs.items():
+            if name in values or name not in names:
+                return None
+            values[name] = value
+        for name in names:
+            if name not in values:
+                if name not in self._defaults:
+                    return None
+                values[name] = self._defaults[name]
+        return values
+
+
 def limit_key(task: Any, by: tuple[str | int, ...], args: Sequence[Any], kwargs: dict[str, Any]) -> str:
     """A task's limit key from its arguments (@task(limit_by=...)): the values as compact
     JSON, so the dashboard shows which customer or account a task waits for."""
