@@ -57,7 +57,7 @@ def main() -> None:
     import ox
     from bench.arms.ox import OxArm
     from bench.tasks import noop
-    from ox import sql
+    from ox.db.postgresql.claim import candidates_sql
     from ox.flow import gate
     from ox.flow.limits import QueueLimits
 
@@ -97,9 +97,7 @@ def main() -> None:
         ],
     }
     now = datetime.now(UTC)
-    query, params = sql.candidates_sql(
-        "false", ["default"], now, 64, 64, columns="c.id, c.queue, c.limit_key", gate=True
-    )
+    query, params = candidates_sql("false", ["default"], now, 64, 64, columns="c.id, c.queue, c.limit_key", gate=True)
     with connection.cursor() as cursor:
         out["explain_candidates"] = _explain(cursor, query, params)
         out["explain_running"] = _explain(

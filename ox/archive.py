@@ -26,6 +26,7 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox import sql
+from ox.db import driver
 from ox.models import FINISHED, ArchivedTask, Attempt, Status, Task, TaskBase
 from ox.txn import atomic_on
 
@@ -58,14 +59,6 @@ class Archived:
         return sum(self.moved.values())
 
 
-def _lock(cursor: Any, wait: bool) -> bool:
-    if wait:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [sql.LOCK_NAMESPACE, ARCHIVER_KEY])
-        return True
-    cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [sql.LOCK_NAMESPACE, ARCHIVER_KEY])
-    return bool(cursor.fetchone()[0])
-
-
 # ox_task_status_finished's predicate, spelled out: with the status a parameter, neither SQLite
 # nor a generic PostgreSQL plan can tell that `status = %s` implies it, and then the partial
 # index is not used (SQLite scans the table).
@@ -77,50 +70,35 @@ FINISHED_TERM = "status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')"
 HOLDS_KEY = f"unique_key IS NOT NULL AND (unique_until IS NULL OR unique_until >= %s) AND ({sql.HELD_FINISHED})"
 
 
-def batch_sql(conn: BaseDatabaseWrapper) -> list[str]:
-    """The statements of one batch; parameters: status, cutoff, cutoff, limit (each
-    statement). A row that still holds its unique key (ox.flow.unique: a finished status its
-    unique_states keep, in a window not yet over) stays: the archive has no unique index, so
-    moving it would free the key."""
-    cols = columns(conn)
-    due = f"{FINISHED_TERM} AND status = %s AND finished_at < %s AND NOT ({HOLDS_KEY})"
-    if sql.is_postgres(conn):
-        # The picked rows are locked by the subquery, so the DELETE removes exactly those, and a
-        # row whose status changed since the statement's snapshot (a retry that committed) is
-        # re-checked by FOR UPDATE and left out. `= ANY(ARRAY(...))`: the ids are picked first
-        # (an InitPlan on the (status, finished_at) index), then deleted through the primary
-        # key; an IN (subquery) may be planned as a join that reads all of ox_task.
-        return [
-            f"WITH moved AS (DELETE FROM ox_task WHERE id = ANY(ARRAY("
-            f"SELECT id FROM ox_task WHERE {due} ORDER BY finished_at LIMIT %s"
-            f" FOR UPDATE SKIP LOCKED)) RETURNING {cols})"
-            f" INSERT INTO ox_task_archive ({cols}) SELECT {cols} FROM moved"
-        ]
-    # SQLite: one writer inside the IMMEDIATE transaction, so the same subquery picks the same
-    # rows twice; the id breaks ties in finished_at, so the order (and the LIMIT) is total.
-    pick = f"SELECT id FROM ox_task WHERE {due} ORDER BY finished_at, id LIMIT %s"
-    return [
-        f"INSERT INTO ox_task_archive ({cols}) SELECT {cols} FROM ox_task WHERE id IN ({pick})",
-        f"DELETE FROM ox_task WHERE id IN ({pick})",
-    ]
-
-
 def archive_batch(conn: BaseDatabaseWrapper, status: str, cutoff: datetime, limit: int, wait: bool) -> int | None:
     """Move up to `limit` tasks of one finished status that finished before `cutoff` to the
     archive, oldest first, in one transaction. None: another archiver holds the lock (only
-    when not waiting)."""
+    when not waiting). A row that still holds its unique key (ox.flow.unique: a finished
+    status its unique_states keep, in a window not yet over) stays: the archive has no
+    unique index, so moving it would free the key."""
     at = conn.ops.adapt_datetimefield_value(cutoff)
-    params = [status, at, at, limit]
+    d = driver(conn)
     with atomic_on(conn) as cursor:
-        if sql.is_postgres(conn) and not _lock(cursor, wait):
+        if not d.duty_lock(cursor, ARCHIVER_KEY, wait):
             return None
-        counts = []
-        for statement in batch_sql(conn):
-            cursor.execute(statement, params)
-            counts.append(cursor.rowcount)
-        if len(set(counts)) != 1:  # SQLite: what was copied is what was deleted, or nothing
-            raise RuntimeError(f"archive batch copied {counts[0]} rows but deleted {counts[-1]}")
-        return counts[0]
+        return d.move_rows(cursor, "ox_task", "ox_task_archive", columns(conn), _pick(conn), [status, at, at, limit])
+
+
+def _pick(conn: BaseDatabaseWrapper) -> str:
+    """A batch's rows; parameters: status, cutoff, cutoff, limit. Where the pick runs twice
+    (driver.repeats_pick), the id breaks ties in finished_at, so the order (and the LIMIT)
+    is total; elsewhere the (status, finished_at) index gives the order alone."""
+    order = "finished_at, id" if driver(conn).repeats_pick else "finished_at"
+    return (
+        f"SELECT id FROM ox_task WHERE {FINISHED_TERM} AND status = %s AND finished_at < %s AND NOT ({HOLDS_KEY})"
+        f" ORDER BY {order} LIMIT %s"
+    )
+
+
+def batch_sql(conn: BaseDatabaseWrapper) -> list[str]:
+    """The statements of one batch where the database moves rows by statement (PostgreSQL
+    one, SQLite two); parameters: status, cutoff, cutoff, limit (each statement)."""
+    return driver(conn).move_sql("ox_task", "ox_task_archive", columns(conn), _pick(conn))
 
 
 def archive(
@@ -209,27 +187,11 @@ def move_back(conn: BaseDatabaseWrapper, ids: Sequence[uuid.UUID]) -> list[uuid.
     pk = Task._meta.pk
     moved: list[uuid.UUID] = []
     statuses = ", ".join(f"'{s}'" for s in RETRYABLE)
+    d = driver(conn)
     with conn.cursor() as cursor:
         for start in range(0, len(ids), ID_CHUNK):
             chunk = [pk.get_db_prep_value(i, conn) for i in ids[start : start + ID_CHUNK]]
-            if sql.is_postgres(conn):
-                # The DELETE locks each archived row: a concurrent retry of the same task waits,
-                # then finds it gone and moves nothing.
-                cursor.execute(
-                    f"WITH moved AS (DELETE FROM ox_task_archive WHERE id = ANY(%s) AND status IN ({statuses})"
-                    f" RETURNING {cols}) INSERT INTO ox_task ({cols}) SELECT {cols} FROM moved RETURNING id",
-                    [chunk],
-                )
-                found = [row[0] for row in cursor.fetchall()]
-            else:
-                # SQLite: the caller's transaction holds the one write lock.
-                marks = ", ".join(["%s"] * len(chunk))
-                where = f"WHERE id IN ({marks}) AND status IN ({statuses})"
-                cursor.execute(f"SELECT id FROM ox_task_archive {where}", chunk)
-                found = [row[0] for row in cursor.fetchall()]
-                if found:
-                    cursor.execute(f"INSERT INTO ox_task ({cols}) SELECT {cols} FROM ox_task_archive {where}", chunk)
-                    cursor.execute(f"DELETE FROM ox_task_archive {where}", chunk)
+            found = d.move_back(cursor, cols, chunk, statuses)
             moved += [pk.to_python(value) for value in found]
     return moved
 

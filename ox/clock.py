@@ -18,6 +18,8 @@ from datetime import UTC, datetime, timedelta
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ox.db import driver
+
 REFRESH = 60.0  # seconds between readings; a monotonic clock drifts by microseconds in that time
 
 _lock = threading.Lock()
@@ -35,7 +37,7 @@ def _read(conn: BaseDatabaseWrapper) -> tuple[datetime, float]:
     """(database time, monotonic time) at the middle of one round trip."""
     before = time.monotonic()
     with conn.cursor() as cursor:
-        cursor.execute("SELECT statement_timestamp()")
+        cursor.execute(driver(conn).clock_sql)
         value = cursor.fetchone()[0]
     after = time.monotonic()
     if value.tzinfo is None:  # USE_TZ is required (ox.E008); a naive value would be UTC
@@ -46,7 +48,7 @@ def _read(conn: BaseDatabaseWrapper) -> tuple[datetime, float]:
 def db_now(conn: BaseDatabaseWrapper) -> datetime:
     """The database's current time, aware, in UTC."""
     global _latest
-    if conn.vendor == "sqlite":
+    if not driver(conn).clock_sql:  # SQLite: the database is a file on this machine
         return datetime.now(UTC)
     key = _identity(conn)
     now = time.monotonic()

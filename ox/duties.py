@@ -33,10 +33,10 @@ def worker_duties(worker: "Worker") -> list[Duty]:
     ARCHIVE_AFTER moves finished tasks to the archive, PRUNE deletes finished tasks past their
     retention, VACUUM (PostgreSQL) reclaims dead rows."""
     from ox.archive import Archiver
+    from ox.db import driver
     from ox.periodic import Ticker
     from ox.prune import Pruner
     from ox.schedules import parse_schedules
-    from ox.sql import is_postgres
     from ox.vacuum import Vacuumer
 
     options = worker.options
@@ -55,7 +55,7 @@ def worker_duties(worker: "Worker") -> list[Duty]:
         # ever seen. (A key rate set only at run time leaves its rows to a worker that has one
         # in its settings, or to the next such worker: a spent row allows a start all the same.)
         duties.append(Duty("key rates", KEY_RATE_PRUNE, _prune_key_rates))
-    if options.vacuum and is_postgres(worker.conn):
+    if options.vacuum and driver(worker.conn).vacuums:
         vacuumer = Vacuumer(worker.alias, options.vacuum_interval, options.vacuum_min_dead, options.pooled)
         # The vacuumer paces its own looks (it backs off while VACUUM cannot keep up).
         duties.append(Duty("vacuum", min(1.0, options.vacuum_interval), vacuumer.run, vacuumer.stop))

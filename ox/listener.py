@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection
 from django.db import connections
 
 from ox.connection import open_worker_connection
+from ox.db import driver
 
 logger = logging.getLogger("ox.worker")
 
@@ -35,7 +36,7 @@ class Listener:
 
     @staticmethod
     def available(alias: str) -> bool:
-        return connections[alias].vendor == "postgresql"
+        return driver(connections[alias]).notifies
 
     def start(self) -> None:
         self.thread.start()

@@ -4,6 +4,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 
+from ox.db.indexes import PartialIndex, PartialUnique
 from ox.ids import uuid7
 
 
@@ -98,33 +99,29 @@ class Task(TaskBase):
     class Meta:
         db_table = "ox_task"
         indexes = [
-            models.Index(
-                "queue",
-                "is_async",
-                F("priority").desc(),
-                "run_after",
-                "id",
+            PartialIndex(
+                fields=["queue", "is_async", "-priority", "run_after", "id"],
                 name="ox_task_ready_claim",
                 condition=Q(status="READY"),
             ),
-            models.Index(fields=["lease_expires_at"], name="ox_task_running_lease", condition=Q(status="RUNNING")),
+            PartialIndex(fields=["lease_expires_at"], name="ox_task_running_lease", condition=Q(status="RUNNING")),
             # Finished rows only: an enqueue then maintains just the primary key and the
             # READY index.
-            models.Index(
+            PartialIndex(
                 fields=["status", "finished_at"],
                 name="ox_task_status_finished",
                 condition=Q(status__in=["SUCCESSFUL", "FAILED", "CANCELLED"]),
             ),
             # The task list filtered by task path, newest first, over finished rows (0004 made
             # it with plain SQL; declared here since 0008, so SQLite's table rebuilds keep it).
-            models.Index(
+            PartialIndex(
                 fields=["task_path", "id"],
                 name="ox_task_done_path",
                 condition=Q(status__in=["SUCCESSFUL", "FAILED", "CANCELLED"]),
             ),
             # Failed and cancelled tasks of a queue, newest first (the task list), and "retry
             # all N matching" counts from the index alone (0004; (status, queue, id) since 0008).
-            models.Index(
+            PartialIndex(
                 fields=["status", "queue", "id"],
                 name="ox_task_failed_queue",
                 condition=Q(status__in=["FAILED", "CANCELLED"]),
@@ -133,7 +130,7 @@ class Task(TaskBase):
             # (READY and RUNNING rows come from the claim and lease indexes): without it, a
             # queue that matches nothing is a scan of the whole history. Partial, so enqueues
             # and claims never write it; a completion adds one entry.
-            models.Index(
+            PartialIndex(
                 fields=["queue", "id"],
                 name="ox_task_done_queue",
                 condition=Q(status__in=["SUCCESSFUL", "FAILED", "CANCELLED"]),
@@ -141,26 +138,21 @@ class Task(TaskBase):
             # The task list and the admin search by task path over READY rows (the claim index
             # has no path: a path matching nothing read every READY row). An enqueue adds one
             # entry; a claim none (the claimed row is RUNNING, outside the predicate). (0010)
-            models.Index(fields=["task_path", "id"], name="ox_task_ready_path", condition=Q(status="READY")),
+            PartialIndex(fields=["task_path", "id"], name="ox_task_ready_path", condition=Q(status="READY")),
             # Failed or cancelled tasks newest first, without walking the primary key through
             # the READY backlog (the newest ids) to find them. Only failures and cancels write it.
-            models.Index(
+            PartialIndex(
                 fields=["status", "id"],
                 name="ox_task_failed_status",
                 condition=Q(status__in=["FAILED", "CANCELLED"]),
             ),
             # The gate's count of what runs per queue and per limit key (ox.flow.gate): as
             # small as the RUNNING set. A claim adds one entry; nothing else writes it.
-            models.Index(fields=["queue", "limit_key"], name="ox_task_running_queue", condition=Q(status="RUNNING")),
+            PartialIndex(fields=["queue", "limit_key"], name="ox_task_running_queue", condition=Q(status="RUNNING")),
             # The gate's walk past full keys (ox.flow.keywalk): a queue's keys in order, and each
             # key's first task in claim order. Only READY tasks with a limit key are in it.
-            models.Index(
-                "queue",
-                "limit_key",
-                "is_async",
-                F("priority").desc(),
-                "run_after",
-                "id",
+            PartialIndex(
+                fields=["queue", "limit_key", "is_async", "-priority", "run_after", "id"],
                 name="ox_task_ready_key",
                 condition=Q(status="READY", limit_key__isnull=False),
             ),
@@ -168,7 +160,7 @@ class Task(TaskBase):
         constraints = [
             # Unique tasks (ox.flow.unique): a key is held while READY or RUNNING, and in a
             # finished status its unique_states name. Rows without a key are not in it.
-            models.UniqueConstraint(fields=["unique_key"], name="ox_task_unique", condition=UNIQUE_HELD),
+            PartialUnique(fields=["unique_key"], name="ox_task_unique", condition=UNIQUE_HELD),
             models.CheckConstraint(
                 condition=Q(priority__gte=TASK_MIN_PRIORITY, priority__lte=TASK_MAX_PRIORITY),
                 name="ox_task_priority_range",
@@ -195,7 +187,7 @@ class ArchivedTask(TaskBase):
             models.Index(fields=["status", "id"], name="ox_archive_status"),
             # Failures are few: a partial index keeps "retry all N matching" of a queue an
             # index-only count of its failures, however many successes the archive holds.
-            models.Index(
+            PartialIndex(
                 fields=["status", "queue", "id"],
                 name="ox_archive_failed_queue",
                 condition=Q(status__in=["FAILED", "CANCELLED"]),
@@ -258,10 +250,11 @@ class Worker(models.Model):
         indexes = [
             models.Index(fields=["heartbeat_at"], name="ox_worker_heartbeat"),
             # The enqueue trigger's look for a waiting worker: only marked, running rows.
-            models.Index(
+            PartialIndex(
                 fields=["idle_since"],
                 name="ox_worker_idle",
                 condition=Q(idle_since__isnull=False, stopped_at__isnull=True),
+                fallback=["stopped_at", "idle_since"],
             ),
         ]
 

@@ -54,10 +54,11 @@ def cancel(task_ids: Any) -> Changed:
             qs.filter(status__in=[Status.READY, Status.RUNNING])
             .exclude(status=Status.RUNNING, cancel_requested=True)
             .update(
-                status=Case(When(status=Status.READY, then=Value(Status.CANCELLED)), default=F("status")),
                 finished_at=Case(When(status=Status.READY, then=Value(now)), default=F("finished_at")),
                 lease_expires_at=Case(When(status=Status.READY, then=Value(None)), default=F("lease_expires_at")),
                 cancel_requested=Case(When(status=Status.RUNNING, then=Value(True)), default=F("cancel_requested")),
+                # Last: MySQL assigns left to right, each SET seeing the ones before it.
+                status=Case(When(status=Status.READY, then=Value(Status.CANCELLED)), default=F("status")),
             )
         )
         # Counted by the timestamp just written, not through the caller's filter (which may

@@ -31,6 +31,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from ox import clock, sql
+from ox.db import driver
 from ox.enqueue import new_task
 from ox.models import Tick
 from ox.results import ready_result
@@ -131,7 +132,7 @@ def _ts(conn: BaseDatabaseWrapper, value: datetime) -> object:
 
 
 def _id(conn: BaseDatabaseWrapper, value: uuid.UUID | None) -> object:
-    return value if value is None or sql.is_postgres(conn) else value.hex
+    return None if value is None else driver(conn).id(value)
 
 
 def _read_ts(value: object) -> datetime:

@@ -16,8 +16,8 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ox import sql
 from ox.archive import FINISHED_TERM, in_batches
+from ox.db import driver
 from ox.txn import atomic_on
 
 logger = logging.getLogger("ox.prune")
@@ -65,27 +65,19 @@ def prune_batch(
     TABLES), oldest first, with their attempts. None: another pruner holds the lock (only when
     not waiting)."""
     assert table in TABLES, table  # a name put into the SQL: never from input
-    postgres = sql.is_postgres(conn)
+    d = driver(conn)
     with atomic_on(conn) as cursor:
-        if postgres:
-            if wait:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [sql.LOCK_NAMESPACE, PRUNER_KEY])
-            else:
-                cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [sql.LOCK_NAMESPACE, PRUNER_KEY])
-                if not cursor.fetchone()[0]:
-                    return None
+        if not d.duty_lock(cursor, PRUNER_KEY, wait):
+            return None
         cursor.execute(
             f"SELECT id FROM {table} WHERE {_finished(table)}status = %s AND finished_at < %s ORDER BY finished_at"
-            " LIMIT %s" + (" FOR UPDATE SKIP LOCKED" if postgres else ""),
+            f" LIMIT %s{d.skip_locked}",
             [status, conn.ops.adapt_datetimefield_value(cutoff), limit],
         )
         ids = [r[0] for r in cursor.fetchall()]
         if not ids:
             return 0
-        if postgres:
-            match, params = "= ANY(%s)", [ids]
-        else:
-            match, params = f"IN ({', '.join(['%s'] * len(ids))})", ids
+        match, params = d.in_list(ids)
         # Explicitly: ox_attempt has no foreign key constraint (an archived task's attempts stay).
         cursor.execute(f"DELETE FROM ox_attempt WHERE task_id {match}", params)
         cursor.execute(f"DELETE FROM {table} WHERE id {match}", params)

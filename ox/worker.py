@@ -25,6 +25,7 @@ from ox.backend import OxBackend
 from ox.claims import Claims, Held
 from ox.completer import Completer
 from ox.connection import open_worker_connection
+from ox.db import driver
 from ox.duties import Duty, worker_duties
 from ox.enqueue import database_for
 from ox.exceptions import TaskCancelled, TaskTimeout
@@ -184,7 +185,7 @@ class Worker:
                 pid=os.getpid(),
                 queues=self.settings.queues,
                 concurrency=self.settings.concurrency,
-                lock_key=self.lock_key if sql.is_postgres(self.conn) else 0,
+                lock_key=self.lock_key if driver(self.conn).session_locks else 0,
                 now=clock.db_now(self.conn),
             ),
         )

@@ -179,6 +179,16 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         security.private_file(_sqlite_file)
     # Tests run workers as subprocesses: they need a file, not an in-memory database.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
+    # All of Unicode (utf8mb4; MariaDB's utf8 is three bytes), binary comparison (queue
+    # names and keys compare as on PostgreSQL), and READ COMMITTED (each statement sees what
+    # others committed before it: ox.flow.gate counts after its lock).
+    DATABASES["default"]["OPTIONS"] = {
+        "charset": "utf8mb4",
+        "isolation_level": "read committed",
+        **DATABASES["default"].get("OPTIONS", {}),
+    }
+    DATABASES["default"]["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"}
 elif env_bool("DATABASE_POOL", False):
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = True

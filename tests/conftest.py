@@ -16,7 +16,8 @@ def database_url() -> str:
     if connection.vendor == "sqlite":
         return f"sqlite:///{s['NAME']}"
     host = s.get("HOST") or "127.0.0.1"
-    return f"postgres://{s['USER']}@{host}:{s.get('PORT') or 5432}/{s['NAME']}"
+    scheme, port = ("mysql", 3306) if connection.vendor == "mysql" else ("postgres", 5432)
+    return f"{scheme}://{s['USER']}@{host}:{s.get('PORT') or port}/{s['NAME']}"
 
 
 class WorkerProcess:

@@ -29,4 +29,4 @@ _db = DATABASES["default"]  # noqa: F405
 if _db["ENGINE"].endswith("sqlite3"):
     _db["TEST"] = {"NAME": str(VAR_DIR / f"test-{_suffix}.sqlite3")}  # noqa: F405
 else:
-    _db["TEST"] = {"NAME": f"test_{_db['NAME']}_{_suffix}"}
+    _db["TEST"] = {**_db.get("TEST", {}), "NAME": f"test_{_db['NAME']}_{_suffix}"}

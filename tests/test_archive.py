@@ -107,7 +107,9 @@ def test_moves_only_finished_rows_past_the_cutoff_per_status_in_batches():
     assert result.moved == {"SUCCESSFUL": 5, "FAILED": 3, "CANCELLED": 2} and result.done
     assert result.batches == 3 + 2 + 1  # 2+2+1, 2+1, 2
     inserts = [q["sql"] for q in ctx.captured_queries if "INSERT INTO ox_task_archive" in q["sql"]]
-    assert len(inserts) == 3 + 2 + 2  # one statement per batch, and a last one that finds nothing
+    # One statement per batch, and a last one that finds nothing (MariaDB: its pick finds
+    # nothing, and no INSERT is sent).
+    assert len(inserts) == 3 + 2 + (1 if connection.vendor == "mysql" else 2)
     assert statuses(ArchivedTask) == {**dict.fromkeys(Status, 0), "SUCCESSFUL": 5, "FAILED": 3, "CANCELLED": 2}
     assert set(Task.objects.values_list("pk", flat=True)) == {r.pk for r in recent + live}
     for pk, values in before.items():  # column for column
@@ -125,8 +127,8 @@ def test_a_batch_takes_the_oldest_first():
 
 
 def test_sqlite_batch_statements_search_indexes():
-    if pg:
-        pytest.skip("PostgreSQL's plans are in tests/test_archive_plans.py")
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL's plans are in tests/test_archive_plans.py; MariaDB moves rows by id")
     from ox.archive import batch_sql
 
     make(Status.SUCCESSFUL, n=3)

@@ -1,4 +1,4 @@
-"""Adversarial tests of the claim by priority level (ox.sql: _pick_sql, _claim_parts, claim,
+"""Adversarial tests of the claim by priority level (ox.db.postgresql.claim: pick_sql, claim_parts; ox.sql: claim,
 _claim_sqlite, complete_and_claim, earliest_ready) and of the database's clock (ox.clock).
 
 Claims and earliest_ready are checked against a brute force over random data (Hypothesis), on
@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from ox import clock, sql
 from ox.connection import open_worker_connection
+from ox.db.postgresql.claim import claim_parts
 from ox.models import Status, Task
 from tests import tasks
 
@@ -434,7 +435,7 @@ def test_rows_locked_per_claim():
     now = base_now()
     queues = [f"q{i}" for i in range(20)]
     insert(levels_fixture(queues, [-10, 0, 10, 20, 30], 10, now), now)
-    parts = sql._claim_parts(connection, "w", queues, (1, 0), now, now + timedelta(seconds=30))
+    parts = claim_parts("w", queues, (1, 0), now, now + timedelta(seconds=30))
     text = f"WITH {', '.join(parts.picks)} {parts.update}"
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + text, [*parts.pick_params, *parts.update_params])
@@ -470,7 +471,7 @@ def test_the_claim_is_never_jit_compiled():
         )
         cursor.execute("VACUUM (ANALYZE) ox_task")
     now = clock.db_now(connection)
-    parts = sql._claim_parts(connection, "w", [f"q{i}" for i in range(20)], (10, 100), now, now + timedelta(seconds=30))
+    parts = claim_parts("w", [f"q{i}" for i in range(20)], (10, 100), now, now + timedelta(seconds=30))
     worker = open_worker_connection("default")
     try:
         with worker.cursor() as cursor:

@@ -23,6 +23,7 @@ import pytest
 from django.db import connection, transaction
 
 from ox import clock, sql
+from ox.db.postgresql.claim import claim_parts
 from ox.flow import gate
 from ox.flow.limits import QueueLimits, Rate
 from ox.models import Worker
@@ -125,7 +126,15 @@ def sql_rows(text: str) -> list[tuple[uuid.UUID, int]]:
         return [(uuid.UUID(str(r[0])), int(r[1])) for r in cursor.fetchall()]
 
 
-TRANSACTION_CONTROL = {"BEGIN", "BEGIN IMMEDIATE", "COMMIT", "ROLLBACK", "SAVEPOINT OX_SQL", "RELEASE SAVEPOINT OX_SQL"}
+TRANSACTION_CONTROL = {
+    "BEGIN",
+    "BEGIN IMMEDIATE",
+    "BEGIN ISOLATION LEVEL READ COMMITTED",
+    "COMMIT",
+    "ROLLBACK",
+    "SAVEPOINT OX_SQL",
+    "RELEASE SAVEPOINT OX_SQL",
+}
 
 
 class Recorder:
@@ -218,9 +227,9 @@ def hot_paths(limit: int) -> dict[str, Callable[[], Any]]:
 
 
 def measure_all(limit: int) -> dict[str, tuple[int, list[str]]]:
-    # The gate's PostgreSQL path sends its statements several to a query (ox.flow.gate_pg),
+    # The gate's PostgreSQL path sends its statements several to a query (ox.db.postgresql.gate),
     # which EXPLAIN cannot take: measure the same statements one at a time.
-    from ox.flow import gate_pg
+    from ox.db.postgresql import gate as gate_pg
 
     usable, gate_pg.usable = gate_pg.usable, lambda conn: False
     try:
@@ -270,7 +279,7 @@ def test_hot_path_statements_cost_the_same_as_the_backlog_grows() -> None:
 @pytest.mark.skipif(not pg, reason="PostgreSQL's plans")
 def test_claim_reads_the_ready_index_per_queue_and_locks_what_it_takes() -> None:
     fill(BASE_READY, -3600)
-    parts = sql._claim_parts(connection, "w-x", QUEUES, (10, 0), clock.db_now(connection), clock.db_now(connection))
+    parts = claim_parts("w-x", QUEUES, (10, 0), clock.db_now(connection), clock.db_now(connection))
     text = f"WITH {', '.join(parts.picks)} {parts.update}"
     plan = explain_pg(text, [*parts.pick_params, *parts.update_params])["Plan"]
     scans = [n for n in nodes(plan) if n.get("Relation Name") == "ox_task"]

@@ -13,6 +13,7 @@ from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 
+from ox.db import driver
 from ox.models import Attempt, Outcome, Status, Task, Worker
 from tests import tasks
 from tests.test_durability import options
@@ -87,8 +88,9 @@ def test_kill_workers_while_draining(start_worker):
     assert statuses == {Status.SUCCESSFUL: TASKS}, statuses
     assert keys == TASKS  # every task's body ran at least once
     assert rescue_s, "no task was rescued"
-    if connection.vendor == "postgresql":
-        # A dead worker's advisory lock goes with its connection. A surviving worker's rescuer
+    if driver(connection).session_locks:
+        # A dead worker's advisory lock (PostgreSQL) or named lock (MariaDB) goes with its
+        # connection. A surviving worker's rescuer
         # looks every RESCUE_INTERVAL: the first look after the kill finds the lock free, the
         # look LIVENESS_GRACE later declares the worker dead and rescues its tasks, which that
         # worker claims at once. Add one HEARTBEAT for a busy machine delaying a worker's loop

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ox.db.rows import read_ts
 from ox.flow.limits import QueueLimits, next_start, take
-from ox.sql import _read_ts
 
 # Why a queue gave fewer tasks than it had due (the dashboard and the worker's wake-up read it).
 PAUSED, CONCURRENCY, KEYS, RATE, KEY_RATE = "paused", "concurrency", "key concurrency", "rate", "key rate"
@@ -28,7 +28,7 @@ class Candidate:
     @classmethod
     def of(cls, r: Sequence[Any]) -> "Candidate":
         """From a row of (id, queue, is_async, limit_key, priority, run_after)."""
-        return cls(r[0], str(r[1]), bool(r[2]), r[3], int(r[4]), _read_ts(r[5]))
+        return cls(r[0], str(r[1]), bool(r[2]), r[3], int(r[4]), read_ts(r[5]))
 
     @property
     def order(self) -> tuple[int, datetime, Any]:

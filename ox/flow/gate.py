@@ -15,17 +15,17 @@ ox_key_rate. A claim held back by a rate says when the next start is allowed, an
 sleeps until then instead of polling.
 """
 
-import json
 import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox import sql
-from ox.flow import gate_pg
+from ox.db import driver
 from ox.flow.decide import CONCURRENCY, KEY_RATE, KEYS, PAUSED, RATE, Candidate, Decision, Gated
 from ox.flow.keywalk import free_key_heads, keyless_heads
 from ox.flow.limits import QueueLimits
@@ -49,7 +49,7 @@ def _lock(conn: BaseDatabaseWrapper, names: list[str]) -> dict[str, tuple[bool, 
     _ensure_rows(conn, names)
     with conn.cursor() as cursor:
         where = ", ".join(["%s"] * len(names))
-        lock = " FOR UPDATE" if sql.is_postgres(conn) else ""
+        lock = driver(conn).for_update
         cursor.execute(
             f"SELECT name, paused, rate_tat FROM ox_queue WHERE name IN ({where}) ORDER BY name{lock}", names
         )
@@ -57,12 +57,12 @@ def _lock(conn: BaseDatabaseWrapper, names: list[str]) -> dict[str, tuple[bool, 
 
 
 def _ensure_rows(conn: BaseDatabaseWrapper, names: list[str]) -> None:
-    false = "false" if sql.is_postgres(conn) else "0"
-    marks = ", ".join([f"(%s, {false}, '{{}}', {false}, '')"] * len(names))
+    d = driver(conn)
+    marks = ", ".join([f"(%s, {d.false}, '{{}}', {d.false}, '')"] * len(names))
     with conn.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO ox_queue (name, paused, overrides, limited, updated_by) VALUES {marks}"
-            " ON CONFLICT (name) DO NOTHING",
+            + d.skip_duplicate("name"),
             names,
         )
 
@@ -88,20 +88,8 @@ def _running(conn: BaseDatabaseWrapper, names: list[str]) -> tuple[Counter[str],
 
 def _candidates(conn: BaseDatabaseWrapper, names: list[str], flag: int, now: datetime, window: int) -> list[Candidate]:
     """Due READY tasks of one kind in claim order (priority, then due time, then id)."""
-    if sql.is_postgres(conn):
-        query, params = sql.candidates_sql("true" if flag else "false", names, now, window, window, gate=True)
-        with conn.cursor() as cursor:
-            cursor.execute(f"SELECT {_CANDIDATE} FROM ox_task WHERE id IN ({query})", params)
-            return sorted((Candidate.of(r) for r in cursor.fetchall()), key=lambda c: c.order)
-    levels = sql._sqlite_levels(conn, names, gate=True)
-    ids = sql._sqlite_pick(conn, flag, names, levels, sql._ts(conn, now), window)
-    if not ids:
-        return []
-    with conn.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {_CANDIDATE} FROM ox_task WHERE id IN (SELECT value FROM json_each(%s))", [json.dumps(ids)]
-        )
-        return sorted((Candidate.of(r) for r in cursor.fetchall()), key=lambda c: c.order)
+    rows = driver(conn).ready_rows(conn, names, flag, now, window, _CANDIDATE)
+    return sorted((Candidate.of(r) for r in rows), key=lambda c: c.order)
 
 
 def _key_rates(conn: BaseDatabaseWrapper, pairs: set[tuple[str, str]]) -> dict[tuple[str, str], float]:
@@ -117,7 +105,8 @@ def _key_rates(conn: BaseDatabaseWrapper, pairs: set[tuple[str, str]]) -> dict[t
                 chunk = keys[start : start + 500]
                 marks = ", ".join(["%s"] * len(chunk))
                 cursor.execute(
-                    f"SELECT key, tat FROM ox_key_rate WHERE queue = %s AND key IN ({marks})", [queue, *chunk]
+                    f"SELECT r.key, r.tat FROM ox_key_rate r WHERE r.queue = %s AND r.key IN ({marks})",
+                    [queue, *chunk],
                 )
                 out.update({(queue, k): tat for k, tat in cursor.fetchall()})
     return out
@@ -138,14 +127,12 @@ def claim_limited(
     names = sorted(limits)
     if not names or max(demand) <= 0:
         return (sql.complete(conn, done) if done else set()), Gated()
-    if sql.is_postgres(conn) and gate_pg.usable(conn):
-        return _claim_pg(conn, worker_id, limits, names, demand, now, lease_expires_at, done)
-    with sql.transaction(conn):
-        if sql.is_postgres(conn):
-            # The count after the lock must see what the last holder committed, whatever the
-            # database's default isolation (a REPEATABLE READ snapshot predates the lock).
-            with conn.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    fast = driver(conn).gate_in_round_trips(conn)
+    if fast is not None:
+        return _claim_fast(fast, conn, worker_id, limits, names, demand, now, lease_expires_at, done)
+    # The count after the lock must see what the last holder committed, whatever the
+    # database's default isolation (a REPEATABLE READ snapshot predates the lock).
+    with driver(conn).transaction(conn, read_committed=True):
         written = sql.complete(conn, done) if done else set()
         states = _lock(conn, names)
         open_names = [n for n in names if not states.get(n, (False, None))[0]]
@@ -166,7 +153,8 @@ def _window(want: int) -> int:
     return min(max(WINDOW_MIN, WINDOW_PER_TASK * want), WINDOW_MIN + 2 * want, WINDOW_MAX)
 
 
-def _claim_pg(
+def _claim_fast(
+    gate_pg: Any,
     conn: BaseDatabaseWrapper,
     worker_id: str,
     limits: dict[str, QueueLimits],
@@ -177,7 +165,7 @@ def _claim_pg(
     done: Sequence[sql.Completion],
     retried: bool = False,
 ) -> tuple[set[tuple[uuid.UUID, int]], Gated]:
-    """PostgreSQL: the same steps in two round trips (ox.flow.gate_pg)."""
+    """The same steps in two round trips (PostgreSQL: ox.db.postgresql.gate)."""
     windows = _windows(limits, names, demand)
     try:
         written, states, running, reads = gate_pg.lock_and_read(conn, names, windows, now, done)
@@ -187,7 +175,7 @@ def _claim_pg(
             if retried:
                 raise RuntimeError(f"ox_queue rows missing for {sorted(set(names) - set(states))}")
             _ensure_rows(conn, names)
-            return _claim_pg(conn, worker_id, limits, names, demand, now, lease, done, retried=True)
+            return _claim_fast(gate_pg, conn, worker_id, limits, names, demand, now, lease, done, retried=True)
         open_names = [n for n in names if not states[n][0]]
         decision = Decision(limits, {q: tat for q, (_p, tat) in states.items()}, running, now.timestamp())
         if open_names:
@@ -316,29 +304,18 @@ def _walk_keys(
 
 
 def _set_running(conn: BaseDatabaseWrapper, worker_id: str, ids: list[object], lease: datetime) -> list[sql.Claimed]:
-    with conn.cursor() as cursor:
-        if sql.is_postgres(conn):
-            cursor.execute(
-                f"{sql._SET_RUNNING} WHERE id = ANY(%s) AND status = 'READY' RETURNING {sql.CLAIM_COLUMNS}",
-                [worker_id, lease, ids],
-            )
-        else:
-            cursor.execute(
-                f"{sql._SET_RUNNING} WHERE id IN (SELECT value FROM json_each(%s)) AND status = 'READY'"
-                f" RETURNING {sql.CLAIM_COLUMNS}",
-                [worker_id, sql._ts(conn, lease), json.dumps(ids)],
-            )
-        return sql._read_claimed(cursor.fetchall())
+    return driver(conn).set_running(conn, worker_id, ids, lease)
 
 
 def _save_rates(conn: BaseDatabaseWrapper, d: Decision) -> None:
+    upsert = driver(conn).upsert(("queue", "key"), ("tat",))
+    key = conn.ops.quote_name("key")  # a reserved word on MySQL
     with conn.cursor() as cursor:
         for queue in sorted(d.rate_changed):
             cursor.execute("UPDATE ox_queue SET rate_tat = %s WHERE name = %s", [d.tats[queue], queue])
         for queue, key in sorted(d.key_changed):
             cursor.execute(
-                "INSERT INTO ox_key_rate (queue, key, tat) VALUES (%s, %s, %s)"
-                " ON CONFLICT (queue, key) DO UPDATE SET tat = excluded.tat",
+                f"INSERT INTO ox_key_rate (queue, {key}, tat) VALUES (%s, %s, %s){upsert}",
                 [queue, key, d.key_tats[(queue, key)]],
             )
 

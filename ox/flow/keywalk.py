@@ -10,13 +10,12 @@ full, waits for the walk to reach it as those keys drain). Tasks without a key a
 the READY index past the keyed ones (a queue with key limits usually keys all its tasks).
 """
 
-import json
 from collections.abc import Collection
 from datetime import datetime
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ox import sql
+from ox.db import driver
 from ox.flow.decide import Candidate
 
 WALK_MAX = 5000  # keys looked at per queue and claim, at most
@@ -27,13 +26,9 @@ _COLUMNS = "id, queue, is_async, limit_key, priority, run_after"
 def _fetch(conn: BaseDatabaseWrapper, ids: list[object]) -> list[Candidate]:
     if not ids:
         return []
+    match, params = driver(conn).in_list(ids)
     with conn.cursor() as cursor:
-        if sql.is_postgres(conn):
-            cursor.execute(f"SELECT {_COLUMNS} FROM ox_task WHERE id = ANY(%s)", [ids])
-        else:
-            cursor.execute(
-                f"SELECT {_COLUMNS} FROM ox_task WHERE id IN (SELECT value FROM json_each(%s))", [json.dumps(ids)]
-            )
+        cursor.execute(f"SELECT {_COLUMNS} FROM ox_task WHERE id {match}", params)
         rows = cursor.fetchall()
     return [Candidate.of(r) for r in rows]
 
@@ -59,36 +54,35 @@ def _head_sql(ready: str, kind: str, at: object, queue: str) -> tuple[str, list[
 def free_key_heads(conn: BaseDatabaseWrapper, queue: str, now: datetime, skip: Collection[str]) -> list[Candidate]:
     """Per key not in `skip` (up to WALK_MAX keys, in key order), its first due task of each
     kind (the gate keeps order within the key across kinds)."""
-    pg = sql.is_postgres(conn)
-    true, false = ("true", "false") if pg else ("1", "0")
+    d = driver(conn)
     ready = "t.status = 'READY' AND t.queue = %s AND t.limit_key IS NOT NULL"
-    at = sql._ts(conn, now)
-    sync_head, sync_params = _head_sql(ready, false, at, queue)
-    async_head, async_params = _head_sql(ready, true, at, queue)
-    not_skipped = "keys.k <> ALL(%s)" if pg else "keys.k NOT IN (SELECT value FROM json_each(%s))"
+    at = d.ts(conn, now)
+    sync_head, sync_params = _head_sql(ready, d.false, at, queue)
+    async_head, async_params = _head_sql(ready, d.true, at, queue)
+    skipped_match, skipped = d.in_list(list(skip))
     text = (
         "WITH RECURSIVE keys(k, n) AS ("
         f"SELECT (SELECT min(t.limit_key) FROM ox_task t WHERE {ready}), 1"
         f" UNION ALL SELECT (SELECT min(t.limit_key) FROM ox_task t WHERE {ready} AND t.limit_key > keys.k), keys.n + 1"
         " FROM keys WHERE keys.k IS NOT NULL AND keys.n < %s)"
         f" SELECT {sync_head}, {async_head}"
-        f" FROM keys WHERE keys.k IS NOT NULL AND {not_skipped}"
+        f" FROM keys WHERE keys.k IS NOT NULL AND NOT (keys.k {skipped_match})"
     )
-    skipped: object = list(skip) if pg else json.dumps(list(skip))
     with conn.cursor() as cursor:
-        cursor.execute(text, [queue, queue, WALK_MAX, *sync_params, *async_params, skipped])
+        cursor.execute(text, [queue, queue, WALK_MAX, *sync_params, *async_params, *skipped])
         ids = [i for row in cursor.fetchall() for i in row if i is not None]
     return _fetch(conn, ids)
 
 
 def keyless_heads(conn: BaseDatabaseWrapper, queue: str, now: datetime, flag: int, limit: int) -> list[Candidate]:
     """The queue's first due tasks of one kind without a limit key."""
-    kind = ("true" if flag else "false") if sql.is_postgres(conn) else str(flag)
+    d = driver(conn)
+    kind = d.flag(flag)
     with conn.cursor() as cursor:
         cursor.execute(
             f"SELECT {_COLUMNS} FROM ox_task WHERE status = 'READY' AND queue = %s AND is_async = {kind}"
             " AND limit_key IS NULL AND run_after <= %s ORDER BY priority DESC, run_after, id LIMIT %s",
-            [queue, sql._ts(conn, now), limit],
+            [queue, d.ts(conn, now), limit],
         )
         rows = cursor.fetchall()
     return [Candidate.of(r) for r in rows]

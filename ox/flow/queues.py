@@ -10,6 +10,7 @@ from typing import Any
 from django.db import connections, router, transaction
 from django.utils import timezone
 
+from ox.db import driver
 from ox.flow.limits import LIMIT_FIELDS, QueueLimits, merged, parse_limits, stored
 from ox.models import KeyRate, QueueState
 
@@ -31,13 +32,12 @@ def _db(using: str | None) -> str:
 def _notify(using: str, name: str) -> None:
     """Wake idle PostgreSQL workers of the queue (the enqueue trigger's channel), after
     commit, so what they read is the new state."""
-    conn = connections[using]
-    if conn.vendor != "postgresql":
+    if not driver(connections[using]).notifies:
         return
 
     def send() -> None:
         with connections[using].cursor() as cursor:
-            cursor.execute("SELECT pg_notify('ox_task', %s)", [name])
+            driver(connections[using]).notify(cursor, "ox_task", name)
 
     transaction.on_commit(send, using=using)
 

@@ -21,6 +21,7 @@ from datetime import datetime
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox import sql
+from ox.db import driver
 
 
 def size(conn: BaseDatabaseWrapper, queue: str, n: int) -> None:
@@ -52,8 +53,9 @@ def take(
     gate claims, or before the queue was slotted): what they use of the limit is not free."""
     if want <= 0:
         return []
-    lock = " FOR UPDATE SKIP LOCKED" if sql.is_postgres(conn) else ""
-    ts, until = sql._ts(conn, now), sql._ts(conn, expires_at)
+    d = driver(conn)
+    lock = d.skip_locked
+    ts, until = d.ts(conn, now), d.ts(conn, expires_at)
     free = "(worker_id = '' OR expires_at < %s)"
     # RUNNING rows of the queue whose worker holds none of its slots (ox_task_running_queue).
     unslotted = (
@@ -78,7 +80,7 @@ def renew(conn: BaseDatabaseWrapper, worker_id: str, expires_at: datetime) -> di
     with conn.cursor() as cursor:
         cursor.execute(
             "UPDATE ox_slot SET expires_at = %s WHERE worker_id = %s RETURNING queue, n",
-            [sql._ts(conn, expires_at), worker_id],
+            [driver(conn).ts(conn, expires_at), worker_id],
         )
         rows = cursor.fetchall()
     held: dict[str, set[int]] = {}
@@ -108,6 +110,5 @@ def give_back_all(conn: BaseDatabaseWrapper, worker_id: str) -> None:
             "UPDATE ox_slot SET worker_id = '', expires_at = NULL WHERE worker_id = %s RETURNING queue", [worker_id]
         )
         queues = sorted({r[0] for r in cursor.fetchall()})
-        if sql.is_postgres(conn):
-            for queue in queues:
-                cursor.execute("SELECT pg_notify('ox_task', %s)", [queue])
+        for queue in queues:
+            driver(conn).notify(cursor, "ox_task", queue)

@@ -4,6 +4,8 @@ import django.db.models.deletion
 import ox.ids
 from django.db import migrations, models
 
+from ox.db.indexes import PartialIndex
+
 
 class Migration(migrations.Migration):
 
@@ -38,7 +40,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'db_table': 'ox_task',
-                'indexes': [models.Index(models.F('queue'), models.OrderBy(models.F('priority'), descending=True), models.F('run_after'), models.F('id'), condition=models.Q(('status', 'READY')), name='ox_task_ready_claim'), models.Index(condition=models.Q(('status', 'RUNNING')), fields=['lease_expires_at'], name='ox_task_running_lease'), models.Index(fields=['status', 'finished_at'], name='ox_task_status_finished')],
+                'indexes': [PartialIndex(fields=['queue', '-priority', 'run_after', 'id'], condition=models.Q(('status', 'READY')), name='ox_task_ready_claim'), PartialIndex(condition=models.Q(('status', 'RUNNING')), fields=['lease_expires_at'], name='ox_task_running_lease'), models.Index(fields=['status', 'finished_at'], name='ox_task_status_finished')],
                 'constraints': [models.CheckConstraint(condition=models.Q(('priority__gte', -100), ('priority__lte', 100)), name='ox_task_priority_range'), models.CheckConstraint(condition=models.Q(('attempts__lte', models.F('max_attempts'))), name='ox_task_attempts_budget'), models.CheckConstraint(condition=models.Q(('max_attempts__gte', 1)), name='ox_task_max_attempts_positive')],
             },
         ),

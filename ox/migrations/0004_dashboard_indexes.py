@@ -8,6 +8,8 @@
 Both are partial, so claims and lease renewals (RUNNING rows) never touch them; a completion
 adds one entry (two for a failure). Plain SQL that PostgreSQL and SQLite both accept; they are
 not in ox.models' Meta.indexes, so the model state (and makemigrations) does not see them.
+Where the database has no partial indexes (MySQL, MariaDB), nothing: 0008 makes their final
+forms there.
 """
 
 from django.db import migrations
@@ -18,12 +20,21 @@ INDEXES = {
 }
 
 
+def create(apps, schema_editor):
+    if schema_editor.connection.features.supports_partial_indexes:
+        for name, definition in INDEXES.items():
+            schema_editor.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {definition}")
+
+
+def drop(apps, schema_editor):
+    if schema_editor.connection.features.supports_partial_indexes:
+        for name in INDEXES:
+            schema_editor.execute(f"DROP INDEX IF EXISTS {name}")
+
+
 class Migration(migrations.Migration):
     dependencies = [
         ("ox", "0003_task_storage"),
     ]
 
-    operations = [
-        migrations.RunSQL(f"CREATE INDEX IF NOT EXISTS {name} ON {definition}", f"DROP INDEX IF EXISTS {name}")
-        for name, definition in INDEXES.items()
-    ]
+    operations = [migrations.RunPython(create, drop)]

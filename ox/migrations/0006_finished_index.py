@@ -2,6 +2,8 @@
 
 from django.db import migrations, models
 
+from ox.db.indexes import PartialIndex
+
 
 class Migration(migrations.Migration):
 
@@ -16,6 +18,6 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='task',
-            index=models.Index(condition=models.Q(('status__in', ['SUCCESSFUL', 'FAILED', 'CANCELLED'])), fields=['status', 'finished_at'], name='ox_task_status_finished'),
+            index=PartialIndex(condition=models.Q(('status__in', ['SUCCESSFUL', 'FAILED', 'CANCELLED'])), fields=['status', 'finished_at'], name='ox_task_status_finished'),
         ),
     ]

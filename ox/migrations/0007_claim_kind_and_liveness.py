@@ -2,6 +2,8 @@
 
 from django.db import migrations, models
 
+from ox.db.indexes import PartialIndex
+
 
 def kind_from_task_path(apps, schema_editor):
     # Rows from before this migration: is_async comes from the task's function, for the
@@ -58,7 +60,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='task',
-            index=models.Index(models.F('queue'), models.F('is_async'), models.OrderBy(models.F('priority'), descending=True), models.F('run_after'), models.F('id'), condition=models.Q(('status', 'READY')), name='ox_task_ready_claim'),
+            index=PartialIndex(fields=['queue', 'is_async', '-priority', 'run_after', 'id'], condition=models.Q(('status', 'READY')), name='ox_task_ready_claim'),
         ),
         migrations.RunPython(scheduled_from_run_after, migrations.RunPython.noop),
         migrations.RunPython(kind_from_task_path, migrations.RunPython.noop),

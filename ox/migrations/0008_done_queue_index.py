@@ -17,11 +17,35 @@ completions back while the index builds (hence atomic = False).
 
 from django.db import migrations, models
 
+from ox.db.indexes import PartialIndex
+
 FINISHED = ["SUCCESSFUL", "FAILED", "CANCELLED"]
 NEW = "ox_task_done_queue"
 NEW_DEFINITION = "ox_task (queue, id) WHERE status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')"
 DONE_PATH = "ox_task (task_path, id) WHERE status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')"
 FAILED_QUEUE = "ox_task (status, queue, {last}) WHERE status IN ('FAILED', 'CANCELLED')"
+
+
+STATE = [
+    migrations.AddIndex(
+        model_name="task",
+        index=PartialIndex(
+            condition=models.Q(("status__in", FINISHED)), fields=["task_path", "id"], name="ox_task_done_path"
+        ),
+    ),
+    migrations.AddIndex(
+        model_name="task",
+        index=PartialIndex(
+            condition=models.Q(("status__in", ["FAILED", "CANCELLED"])),
+            fields=["status", "queue", "id"],
+            name="ox_task_failed_queue",
+        ),
+    ),
+    migrations.AddIndex(
+        model_name="task",
+        index=PartialIndex(condition=models.Q(("status__in", FINISHED)), fields=["queue", "id"], name=NEW),
+    ),
+]
 
 
 def _concurrently(schema_editor) -> str:
@@ -36,7 +60,19 @@ def _failed_queue(schema_editor, last: str) -> None:
     schema_editor.execute(f"CREATE INDEX {concurrently}ox_task_failed_queue ON {FAILED_QUEUE.format(last=last)}")
 
 
+def _without_partial_indexes(apps, schema_editor, forwards: bool) -> bool:
+    """MySQL, MariaDB: the indexes as PartialIndex makes them there (full, led by status)."""
+    if schema_editor.connection.features.supports_partial_indexes:
+        return False
+    task = apps.get_model("ox", "Task")
+    for operation in STATE:
+        (schema_editor.add_index if forwards else schema_editor.remove_index)(task, operation.index)
+    return True
+
+
 def create(apps, schema_editor):
+    if _without_partial_indexes(apps, schema_editor, forwards=True):
+        return
     concurrently = _concurrently(schema_editor)
     schema_editor.execute(f"CREATE INDEX {concurrently}IF NOT EXISTS {NEW} ON {NEW_DEFINITION}")
     schema_editor.execute(f"CREATE INDEX {concurrently}IF NOT EXISTS ox_task_done_path ON {DONE_PATH}")
@@ -44,6 +80,8 @@ def create(apps, schema_editor):
 
 
 def drop(apps, schema_editor):
+    if _without_partial_indexes(apps, schema_editor, forwards=False):
+        return
     # Back to 0004's indexes, as 0004 made them.
     schema_editor.execute(f"DROP INDEX {_concurrently(schema_editor)}IF EXISTS {NEW}")
     _failed_queue(schema_editor, "finished_at")
@@ -59,25 +97,6 @@ class Migration(migrations.Migration):
     operations = [
         migrations.SeparateDatabaseAndState(
             database_operations=[migrations.RunPython(create, drop)],
-            state_operations=[
-                migrations.AddIndex(
-                    model_name="task",
-                    index=models.Index(
-                        condition=models.Q(("status__in", FINISHED)), fields=["task_path", "id"], name="ox_task_done_path"
-                    ),
-                ),
-                migrations.AddIndex(
-                    model_name="task",
-                    index=models.Index(
-                        condition=models.Q(("status__in", ["FAILED", "CANCELLED"])),
-                        fields=["status", "queue", "id"],
-                        name="ox_task_failed_queue",
-                    ),
-                ),
-                migrations.AddIndex(
-                    model_name="task",
-                    index=models.Index(condition=models.Q(("status__in", FINISHED)), fields=["queue", "id"], name=NEW),
-                ),
-            ],
+            state_operations=STATE,
         ),
     ]

@@ -16,10 +16,30 @@ completions back while the indexes build (hence atomic = False).
 
 from django.db import migrations, models
 
+from ox.db.indexes import PartialIndex
+
 INDEXES = {
     "ox_task_ready_path": "ox_task (task_path, id) WHERE status = 'READY'",
     "ox_task_failed_status": "ox_task (status, id) WHERE status IN ('FAILED', 'CANCELLED')",
 }
+
+
+STATE = [
+    migrations.AddIndex(
+        model_name="task",
+        index=PartialIndex(
+            condition=models.Q(("status", "READY")), fields=["task_path", "id"], name="ox_task_ready_path"
+        ),
+    ),
+    migrations.AddIndex(
+        model_name="task",
+        index=PartialIndex(
+            condition=models.Q(("status__in", ["FAILED", "CANCELLED"])),
+            fields=["status", "id"],
+            name="ox_task_failed_status",
+        ),
+    ),
+]
 
 
 def _concurrently(schema_editor) -> str:
@@ -28,12 +48,26 @@ def _concurrently(schema_editor) -> str:
     return "CONCURRENTLY " if connection.vendor == "postgresql" and not connection.in_atomic_block else ""
 
 
+def _without_partial_indexes(apps, schema_editor, forwards: bool) -> bool:
+    """MySQL, MariaDB: the indexes as PartialIndex makes them there (full, led by status)."""
+    if schema_editor.connection.features.supports_partial_indexes:
+        return False
+    task = apps.get_model("ox", "Task")
+    for operation in STATE:
+        (schema_editor.add_index if forwards else schema_editor.remove_index)(task, operation.index)
+    return True
+
+
 def create(apps, schema_editor):
+    if _without_partial_indexes(apps, schema_editor, forwards=True):
+        return
     for name, definition in INDEXES.items():
         schema_editor.execute(f"CREATE INDEX {_concurrently(schema_editor)}IF NOT EXISTS {name} ON {definition}")
 
 
 def drop(apps, schema_editor):
+    if _without_partial_indexes(apps, schema_editor, forwards=False):
+        return
     for name in INDEXES:
         schema_editor.execute(f"DROP INDEX {_concurrently(schema_editor)}IF EXISTS {name}")
 
@@ -48,21 +82,6 @@ class Migration(migrations.Migration):
     operations = [
         migrations.SeparateDatabaseAndState(
             database_operations=[migrations.RunPython(create, drop)],
-            state_operations=[
-                migrations.AddIndex(
-                    model_name="task",
-                    index=models.Index(
-                        condition=models.Q(("status", "READY")), fields=["task_path", "id"], name="ox_task_ready_path"
-                    ),
-                ),
-                migrations.AddIndex(
-                    model_name="task",
-                    index=models.Index(
-                        condition=models.Q(("status__in", ["FAILED", "CANCELLED"])),
-                        fields=["status", "id"],
-                        name="ox_task_failed_status",
-                    ),
-                ),
-            ],
+            state_operations=STATE,
         )
     ]

@@ -14,6 +14,8 @@ import django.db.models.deletion
 import ox.ids
 from django.db import migrations, models
 
+from ox.db.indexes import PartialIndex
+
 
 ARCHIVE_STORAGE = {
     "fillfactor": "100",
@@ -76,7 +78,7 @@ class Migration(migrations.Migration):
             options={
                 'verbose_name': 'archived task',
                 'db_table': 'ox_task_archive',
-                'indexes': [models.Index(fields=['status', 'finished_at'], name='ox_archive_status_finished'), models.Index(fields=['queue', 'id'], name='ox_archive_queue'), models.Index(fields=['task_path', 'id'], name='ox_archive_path'), models.Index(fields=['status', 'id'], name='ox_archive_status'), models.Index(condition=models.Q(('status__in', ['FAILED', 'CANCELLED'])), fields=['status', 'queue', 'id'], name='ox_archive_failed_queue')],
+                'indexes': [models.Index(fields=['status', 'finished_at'], name='ox_archive_status_finished'), models.Index(fields=['queue', 'id'], name='ox_archive_queue'), models.Index(fields=['task_path', 'id'], name='ox_archive_path'), models.Index(fields=['status', 'id'], name='ox_archive_status'), PartialIndex(condition=models.Q(('status__in', ['FAILED', 'CANCELLED'])), fields=['status', 'queue', 'id'], name='ox_archive_failed_queue')],
             },
         ),
         migrations.RunPython(set_storage, reset_storage, elidable=False),

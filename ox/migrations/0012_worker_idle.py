@@ -20,6 +20,8 @@ e.g. while workers of an older release, which never mark themselves, still run; 
 
 from django.db import migrations, models
 
+from ox.db.indexes import PartialIndex
+
 CREATE = """
 CREATE OR REPLACE FUNCTION ox_task_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -76,10 +78,11 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name="worker",
-            index=models.Index(
+            index=PartialIndex(
                 condition=models.Q(("idle_since__isnull", False), ("stopped_at__isnull", True)),
                 fields=["idle_since"],
                 name="ox_worker_idle",
+                fallback=["stopped_at", "idle_since"],
             ),
         ),
         migrations.RunPython(create, restore, elidable=False),

@@ -2,6 +2,8 @@
 
 from django.db import migrations, models
 
+from ox.db.indexes import PartialIndex, PartialUnique
+
 
 class Migration(migrations.Migration):
 
@@ -80,11 +82,11 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='task',
-            index=models.Index(condition=models.Q(('status', 'RUNNING')), fields=['queue', 'limit_key'], name='ox_task_running_queue'),
+            index=PartialIndex(condition=models.Q(('status', 'RUNNING')), fields=['queue', 'limit_key'], name='ox_task_running_queue'),
         ),
         migrations.AddConstraint(
             model_name='task',
-            constraint=models.UniqueConstraint(condition=models.Q(('unique_key__isnull', False), models.Q(('status__in', ['READY', 'RUNNING']), models.Q(('status', 'SUCCESSFUL'), ('unique_states__in', [1, 3, 5, 7])), models.Q(('status', 'FAILED'), ('unique_states__in', [2, 3, 6, 7])), models.Q(('status', 'CANCELLED'), ('unique_states__in', [4, 5, 6, 7])), _connector='OR')), fields=('unique_key',), name='ox_task_unique'),
+            constraint=PartialUnique(condition=models.Q(('unique_key__isnull', False), models.Q(('status__in', ['READY', 'RUNNING']), models.Q(('status', 'SUCCESSFUL'), ('unique_states__in', [1, 3, 5, 7])), models.Q(('status', 'FAILED'), ('unique_states__in', [2, 3, 6, 7])), models.Q(('status', 'CANCELLED'), ('unique_states__in', [4, 5, 6, 7])), _connector='OR')), fields=('unique_key',), name='ox_task_unique'),
         ),
         migrations.AddIndex(
             model_name='keyrate',

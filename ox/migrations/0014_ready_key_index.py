@@ -2,6 +2,8 @@
 
 from django.db import migrations, models
 
+from ox.db.indexes import PartialIndex
+
 
 class Migration(migrations.Migration):
 
@@ -12,6 +14,6 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddIndex(
             model_name='task',
-            index=models.Index(models.F('queue'), models.F('limit_key'), models.F('is_async'), models.OrderBy(models.F('priority'), descending=True), models.F('run_after'), models.F('id'), condition=models.Q(('limit_key__isnull', False), ('status', 'READY')), name='ox_task_ready_key'),
+            index=PartialIndex(fields=['queue', 'limit_key', 'is_async', '-priority', 'run_after', 'id'], condition=models.Q(('limit_key__isnull', False), ('status', 'READY')), name='ox_task_ready_key'),
         ),
     ]

@@ -1,6 +1,6 @@
-"""The gate on PostgreSQL in two round trips (ox.flow.gate does the same in a statement per
-step on SQLite, where statements cost no round trip, and wherever a statement cannot carry
-several).
+"""The gate (ox.flow.gate) on PostgreSQL in two round trips (the gate does the same in a
+statement per step on SQLite, where statements cost no round trip, and wherever a statement
+cannot carry several).
 
 Round trip one sends, as one query: BEGIN; the completions riding on the claim; the lock of
 the queues' rows (SELECT ... FOR UPDATE, in name order); and one read of what runs per
@@ -18,9 +18,10 @@ from typing import Any
 import psycopg
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ox import sql
+from ox.db.base import SET_RUNNING
+from ox.db.postgresql.claim import candidates_sql, complete_sql
+from ox.db.rows import CLAIM_COLUMNS, Claimed, Completion, read_claimed, read_id
 from ox.flow.decide import Candidate
-from ox.flow.limits import QueueLimits
 
 
 def usable(conn: BaseDatabaseWrapper) -> bool:
@@ -51,7 +52,7 @@ def lock_and_read(
     names: list[str],
     windows: dict[tuple[str, int], int],
     now: datetime,
-    done: Sequence[sql.Completion],
+    done: Sequence[Completion],
 ) -> tuple[
     set[tuple[Any, int]],
     dict[str, tuple[bool, float | None]],
@@ -66,8 +67,8 @@ def lock_and_read(
     parts: list[str] = ["BEGIN ISOLATION LEVEL READ COMMITTED"]
     params: list[object] = []
     if done:
-        complete_sql, complete_params = sql._complete_sql(conn, done)
-        parts.append(complete_sql)
+        done_sql, complete_params = complete_sql(done)
+        parts.append(done_sql)
         params += complete_params
     parts.append(
         f"SELECT name, paused, rate_tat FROM ox_queue WHERE name IN ({_marks(names)}) ORDER BY name FOR UPDATE"
@@ -80,7 +81,7 @@ def lock_and_read(
     params += names
     for (queue, flag), window in sorted(windows.items()):
         # A window per queue: one queue's backlog never crowds another's tasks out of it.
-        cand, cand_params = sql.candidates_sql(
+        cand, cand_params = candidates_sql(
             "true" if flag else "false",
             [queue],
             now,
@@ -97,7 +98,7 @@ def lock_and_read(
         results = _results(cursor)
     written: set[tuple[Any, int]] = set()
     if done:
-        written = {(sql._read_id(r[0]), int(r[1])) for r in results[1] or []}
+        written = {(read_id(r[0]), int(r[1])) for r in results[1] or []}
     states = {name: (bool(paused), tat) for name, paused, tat in results[-2] or []}
     per_queue: Counter[str] = Counter()
     per_key: Counter[tuple[str, str]] = Counter()
@@ -121,12 +122,12 @@ def finish(
     lease: datetime,
     rate_tats: dict[str, float],
     key_tats: dict[tuple[str, str], float],
-) -> list[sql.Claimed]:
+) -> list[Claimed]:
     """Round trip two: the claim, the rate schedules, COMMIT."""
     parts: list[str] = []
     params: list[object] = []
     if ids:
-        parts.append(f"{sql._SET_RUNNING} WHERE id = ANY(%s) AND status = 'READY' RETURNING {sql.CLAIM_COLUMNS}")
+        parts.append(f"{SET_RUNNING} WHERE id = ANY(%s) AND status = 'READY' RETURNING {CLAIM_COLUMNS}")
         params += [worker_id, lease, ids]
     for queue, tat in sorted(rate_tats.items()):
         parts.append("UPDATE ox_queue SET rate_tat = %s WHERE name = %s")
@@ -143,13 +144,9 @@ def finish(
     with conn.cursor() as cursor:
         cursor.execute("; ".join(parts), params)
         results = _results(cursor)
-    return sql._read_claimed(results[0] or []) if ids else []
+    return read_claimed(results[0] or []) if ids else []
 
 
 def rollback(conn: BaseDatabaseWrapper) -> None:
     with conn.cursor() as cursor:
         cursor.execute("ROLLBACK")
-
-
-def limits_keyed(limits: dict[str, QueueLimits]) -> bool:
-    return any(lim.key_rate is not None for lim in limits.values())

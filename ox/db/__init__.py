@@ -1,0 +1,26 @@
+"""ox's drivers: one module per database holding its statements, behind the operations
+ox.sql names. A connection's driver is chosen by its vendor; adding a database is adding a
+driver here (and its CI leg)."""
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from ox.db.base import Driver
+from ox.db.mysql import MysqlDriver
+from ox.db.postgresql import PostgresDriver
+from ox.db.sqlite import SqliteDriver
+
+DRIVERS: dict[str, Driver] = {d.vendor: d for d in (PostgresDriver(), SqliteDriver(), MysqlDriver())}
+
+
+def driver(conn: BaseDatabaseWrapper) -> Driver:
+    """The driver of this connection's database."""
+    try:
+        return DRIVERS[conn.vendor]
+    except KeyError:
+        raise ImproperlyConfigured(
+            f"ox has no driver for the {conn.vendor!r} database of {conn.alias!r} (it has: {', '.join(DRIVERS)})"
+        ) from None
+
+
+__all__ = ["DRIVERS", "Driver", "driver"]

@@ -1,0 +1,433 @@
+"""MariaDB (10.6+): no UPDATE ... RETURNING, so an operation that must know which rows it
+wrote locks them first (SELECT ... FOR UPDATE, SKIP LOCKED where workers compete) and updates
+them by id in one transaction; lists travel as one JSON document read with JSON_TABLE (the
+read driving the join, STRAIGHT_JOIN, so each row is one primary-key probe). A worker's
+liveness is a named lock its session holds (GET_LOCK), free the moment the session dies
+(IS_USED_LOCK). Workers poll: there is no LISTEN/NOTIFY. The partial indexes are full ones
+led by status there (ox.db.indexes), the unique index a generated column (migration 0016)."""
+
+import hashlib
+import json
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any, ClassVar
+
+from django.db import IntegrityError
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from ox.db.base import LOST_TRACEBACK, Driver, Held
+from ox.db.rows import CLAIM_COLUMNS, Claimed, Completion, Failure, NewTask, read_claimed, read_id, read_ts
+from ox.db.walks import LEVEL_READY, Gate, candidates_per_level, distinct, levels_cte
+from ox.exceptions import WorkerLost, class_path
+
+Levels = dict[tuple[str, int], list[int]]
+
+_DONE = (
+    "JSON_TABLE(%s, '$[*]' COLUMNS (id CHAR(36) PATH '$[0]', fence BIGINT PATH '$[1]', rv LONGTEXT PATH '$[2]',"
+    " st DATETIME(6) PATH '$[3]', at DATETIME(6) PATH '$[4]')) AS v"
+)
+_HELD = (
+    "JSON_TABLE(%s, '$[*]' COLUMNS (id CHAR(36) PATH '$[0]', fence BIGINT PATH '$[1]',"
+    " st DATETIME(6) PATH '$[2]')) AS v"
+)
+
+
+def lock_prefix(conn: BaseDatabaseWrapper) -> str:
+    """Named locks are the server's, not a database's: a worker's lock name carries its
+    database (hashed when long: a name is at most 64 characters)."""
+    name = str(conn.settings_dict["NAME"])
+    return f"ox.{name if len(name) <= 40 else hashlib.sha256(name.encode()).hexdigest()[:16]}."
+
+
+def lock_name(conn: BaseDatabaseWrapper, lock_key: int) -> str:
+    return f"{lock_prefix(conn)}{lock_key}"
+
+
+class MysqlDriver(Driver):
+    vendor: ClassVar[str] = "mysql"
+    true: ClassVar[str] = "1"
+    false: ClassVar[str] = "0"
+    begin: ClassVar[str] = "START TRANSACTION"
+    text_type: ClassVar[str] = "CHAR"
+    session_locks: ClassVar[bool] = True
+    clock_sql: ClassVar[str] = "SELECT UTC_TIMESTAMP(6)"  # naive, in UTC
+    repeats_pick: ClassVar[bool] = False
+
+    def id(self, value: uuid.UUID) -> object:
+        return value.hex
+
+    def in_list(self, values: Sequence[object]) -> tuple[str, list[object]]:
+        if not values:
+            return "IN (SELECT 1 FROM DUAL WHERE FALSE)", []
+        return f"IN ({', '.join(['%s'] * len(values))})", list(values)
+
+    def skip_duplicate(self, key: str) -> str:
+        return f" ON DUPLICATE KEY UPDATE {key} = {key}"
+
+    def upsert(self, conflict: Sequence[str], update: Sequence[str]) -> str:
+        return " ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in update)
+
+    def begin_read_committed(self) -> list[str]:
+        # SET TRANSACTION applies to the next transaction only, and must come before it.
+        return ["SET TRANSACTION ISOLATION LEVEL READ COMMITTED", self.begin]
+
+    # ------------------------------------------------------------------ claim
+    def levels(self, conn: BaseDatabaseWrapper, queues: Sequence[str], gate: Gate) -> Levels:
+        levels, params = levels_cte(queues, ("0", "1"), gate, self.text_type)
+        out: Levels = {}
+        with conn.cursor() as cursor:
+            cursor.execute(
+                f"WITH RECURSIVE {levels} SELECT queue, is_async, priority FROM levels WHERE priority IS NOT NULL",
+                params,
+            )
+            for queue, flag, priority in cursor.fetchall():
+                out.setdefault((queue, int(flag)), []).append(int(priority))
+        return out
+
+    def candidates(
+        self, conn: BaseDatabaseWrapper, flag: int, levels: Levels, now: datetime, k: int, columns: str = "id"
+    ) -> list[tuple[Any, ...]]:
+        """Unlocked, in claim order: per queue and priority waiting, up to k due tasks, one
+        range scan of the READY index each, all in one statement."""
+        parts, params = [], []
+        ts = self.ts(conn, now)
+        for (queue, kind), priorities in sorted(levels.items()):
+            if kind != flag:
+                continue
+            for priority in priorities:
+                parts.append(
+                    f"(SELECT {columns} FROM ox_task WHERE status = 'READY' AND queue = %s AND is_async = {kind}"
+                    " AND priority = %s AND run_after <= %s ORDER BY run_after, id LIMIT %s)"
+                )
+                params += [queue, priority, ts, k]
+        if not parts:
+            return []
+        with conn.cursor() as cursor:
+            cursor.execute(" UNION ALL ".join(parts), params)
+            return cursor.fetchall()
+
+    def _pick_and_lock(
+        self, conn: BaseDatabaseWrapper, cursor: Any, flag: int, levels: Levels, now: datetime, limit: int
+    ) -> list[tuple[Any, ...]]:
+        """Inside the claim's transaction: the best `limit` candidates nobody holds, locked
+        (SKIP LOCKED: a row another claim holds is passed over, never waited for), as
+        CLAIM_COLUMNS rows. Only what is taken is locked: the candidates in claim order, a
+        slice of them at a time."""
+        rows = self.candidates(conn, flag, levels, now, candidates_per_level(limit), "id, priority, run_after")
+        order = sorted(rows, key=lambda r: (-int(r[1]), read_ts(r[2]), str(r[0])))
+        ids = [r[0] for r in order]
+        taken: list[tuple[Any, ...]] = []
+        while ids and len(taken) < limit:
+            want = limit - len(taken)
+            batch, ids = ids[:want], ids[want:]
+            match, params = self.in_list(batch)
+            cursor.execute(
+                f"SELECT {CLAIM_COLUMNS} FROM ox_task WHERE id {match} AND status = 'READY' FOR UPDATE SKIP LOCKED",
+                params,
+            )
+            taken += cursor.fetchall()
+        return taken
+
+    def _set_running_rows(
+        self, conn: BaseDatabaseWrapper, cursor: Any, rows: list[tuple[Any, ...]], worker_id: str, lease: datetime
+    ) -> list[Claimed]:
+        """The locked READY rows claimed: the UPDATE by id, and the rows as it left them."""
+        if not rows:
+            return []
+        match, params = self.in_list([r[0] for r in rows])
+        cursor.execute(
+            "UPDATE ox_task SET status = 'RUNNING', attempts = attempts + 1, worker_id = %s,"
+            f" lease_expires_at = %s, fence = fence + 1, last_attempted_at = NULL WHERE id {match}",
+            [worker_id, self.ts(conn, lease), *params],
+        )
+        # CLAIM_COLUMNS: attempts at 9, fence at 11 (the UPDATE added one to each).
+        return read_claimed((*r[:9], r[9] + 1, r[10], r[11] + 1, *r[12:]) for r in rows)
+
+    def _claim_in_transaction(
+        self,
+        conn: BaseDatabaseWrapper,
+        cursor: Any,
+        worker_id: str,
+        queues: Sequence[str],
+        limits: tuple[int, int],
+        now: datetime,
+        lease: datetime,
+        gate: Gate,
+    ) -> list[Claimed]:
+        levels = self.levels(conn, distinct(queues), gate)
+        rows = [
+            r for flag, n in enumerate(limits) if n > 0 for r in self._pick_and_lock(conn, cursor, flag, levels, now, n)
+        ]
+        return self._set_running_rows(conn, cursor, rows, worker_id, lease)
+
+    def claim(
+        self,
+        conn: BaseDatabaseWrapper,
+        worker_id: str,
+        queues: Sequence[str],
+        limits: tuple[int, int],
+        now: datetime,
+        lease_expires_at: datetime,
+        gate: Gate = False,
+    ) -> list[Claimed]:
+        with self.transaction(conn) as cursor:
+            return self._claim_in_transaction(conn, cursor, worker_id, queues, limits, now, lease_expires_at, gate)
+
+    def complete_and_claim(
+        self,
+        conn: BaseDatabaseWrapper,
+        done: Sequence[Completion],
+        worker_id: str,
+        queues: Sequence[str],
+        limits: tuple[int, int],
+        now: datetime,
+        lease_expires_at: datetime,
+        gate: Gate = False,
+    ) -> tuple[set[Held], list[Claimed]]:
+        with self.transaction(conn) as cursor:
+            written = self._complete(conn, cursor, done)
+            claimed = self._claim_in_transaction(conn, cursor, worker_id, queues, limits, now, lease_expires_at, gate)
+            return written, claimed
+
+    def set_running(
+        self, conn: BaseDatabaseWrapper, worker_id: str, ids: Sequence[object], lease: datetime
+    ) -> list[Claimed]:
+        match, params = self.in_list(list(ids))
+        with conn.cursor() as cursor:
+            cursor.execute(
+                f"SELECT {CLAIM_COLUMNS} FROM ox_task WHERE id {match} AND status = 'READY' FOR UPDATE", params
+            )
+            return self._set_running_rows(conn, cursor, cursor.fetchall(), worker_id, lease)
+
+    def ready_rows(
+        self, conn: BaseDatabaseWrapper, queues: Sequence[str], flag: int, now: datetime, limit: int, columns: str
+    ) -> list[tuple[Any, ...]]:
+        rows = self.candidates(conn, flag, self.levels(conn, queues, True), now, limit, columns)
+        return rows
+
+    def earliest_ready(
+        self, conn: BaseDatabaseWrapper, queues: Sequence[str], kinds: tuple[bool, bool], gate: Gate
+    ) -> datetime | None:
+        flags = [self.flag(kind) for kind, wanted in enumerate(kinds) if wanted]
+        queues = distinct(queues)
+        if not flags or not queues:
+            return None
+        levels, params = levels_cte(queues, flags, gate, self.text_type)
+        with conn.cursor() as cursor:
+            # The first due time per level, then their least (MariaDB will not put a
+            # correlated subquery inside an aggregate of a recursive CTE's rows).
+            cursor.execute(
+                f"WITH RECURSIVE {levels} SELECT min(f.first) FROM (SELECT (SELECT min(t.run_after) {LEVEL_READY}"
+                " AND t.priority = l.priority) AS first FROM levels l WHERE l.priority IS NOT NULL) AS f",
+                params,
+            )
+            row = cursor.fetchone()
+        return read_ts(row[0]) if row and row[0] is not None else None
+
+    # ------------------------------------------------------------------ completion and leases
+    def _complete(self, conn: BaseDatabaseWrapper, cursor: Any, done: Sequence[Completion]) -> set[Held]:
+        """Inside a transaction: lock the claims still held, then write them."""
+        if not done:
+            return set()
+        payload = json.dumps(
+            [
+                [d.id.hex, d.fence, d.return_json, self.ts(conn, d.started_at), self.ts(conn, d.finished_at)]
+                for d in done
+            ]
+        )
+        join = f"FROM {_DONE} STRAIGHT_JOIN ox_task t ON t.id = v.id AND t.fence = v.fence WHERE t.status = 'RUNNING'"
+        cursor.execute(f"SELECT t.id, t.fence {join} FOR UPDATE", [payload])
+        written = {(read_id(r[0]), int(r[1])) for r in cursor.fetchall()}
+        if written:
+            cursor.execute(
+                f"UPDATE {_DONE} STRAIGHT_JOIN ox_task t ON t.id = v.id AND t.fence = v.fence"
+                " SET t.status = 'SUCCESSFUL', t.return_value = v.rv, t.finished_at = v.at, t.lease_expires_at = NULL,"
+                " t.started_at = COALESCE(t.started_at, v.st), t.last_attempted_at = v.st WHERE t.status = 'RUNNING'",
+                [payload],
+            )
+        return written
+
+    def complete(self, conn: BaseDatabaseWrapper, done: Sequence[Completion]) -> set[Held]:
+        with self.transaction(conn) as cursor:
+            return self._complete(conn, cursor, done)
+
+    def _held(self, conn: BaseDatabaseWrapper, held: Sequence[tuple[uuid.UUID, int, datetime | None]]) -> str:
+        return json.dumps([[i.hex, f, self.ts(conn, st) if st else None] for i, f, st in held])
+
+    def renew(
+        self, conn: BaseDatabaseWrapper, held: Sequence[tuple[uuid.UUID, int, datetime | None]], lease: datetime
+    ) -> dict[Held, bool]:
+        payload = self._held(conn, held)
+        join = f"{_HELD} STRAIGHT_JOIN ox_task t ON t.id = v.id AND t.fence = v.fence"
+        with self.transaction(conn) as cursor:
+            cursor.execute(
+                f"SELECT t.id, t.fence, t.cancel_requested FROM {join} WHERE t.status = 'RUNNING' FOR UPDATE", [payload]
+            )
+            kept = {(read_id(r[0]), int(r[1])): bool(r[2]) for r in cursor.fetchall()}
+            if kept:
+                cursor.execute(
+                    f"UPDATE {join} SET t.lease_expires_at = %s, t.started_at = COALESCE(t.started_at, v.st),"
+                    " t.last_attempted_at = COALESCE(v.st, t.last_attempted_at) WHERE t.status = 'RUNNING'",
+                    [payload, self.ts(conn, lease)],
+                )
+        return kept
+
+    def hand_back(self, conn: BaseDatabaseWrapper, held: Sequence[Held], now: datetime) -> int:
+        payload = self._held(conn, [(i, f, None) for i, f in held])
+        with conn.cursor() as cursor:
+            # One statement: SET runs left to right, so finished_at reads cancel_requested
+            # before status changes (it does not read status).
+            cursor.execute(
+                f"UPDATE {_HELD} STRAIGHT_JOIN ox_task t ON t.id = v.id AND t.fence = v.fence"
+                " SET t.finished_at = CASE WHEN t.cancel_requested THEN %s END,"
+                " t.status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'READY' END,"
+                " t.attempts = t.attempts - 1, t.fence = t.fence + 1, t.lease_expires_at = NULL, t.worker_id = ''"
+                " WHERE t.status = 'RUNNING'",
+                [payload, self.ts(conn, now)],
+            )
+            return cursor.rowcount
+
+    def fail(self, conn: BaseDatabaseWrapper, failure: Failure, status: str) -> str | None:
+        with self.transaction(conn) as cursor:
+            cursor.execute(
+                "SELECT cancel_requested FROM ox_task WHERE id = %s AND fence = %s AND status = 'RUNNING' FOR UPDATE",
+                [self.id(failure.id), failure.fence],
+            )
+            row = cursor.fetchone()
+            if row is None:
+                return None
+            if row[0]:
+                status = "CANCELLED"
+            finished_at = None if status == "READY" else failure.finished_at
+            cursor.execute(
+                "UPDATE ox_task SET status = %s, run_after = %s, finished_at = %s, lease_expires_at = NULL,"
+                " started_at = COALESCE(started_at, %s), last_attempted_at = %s WHERE id = %s",
+                [
+                    status,
+                    self.ts(conn, failure.retry_at or failure.finished_at),
+                    self.ts(conn, finished_at),
+                    self.ts(conn, failure.started_at),
+                    self.ts(conn, failure.started_at),
+                    self.id(failure.id),
+                ],
+            )
+            self.record_attempt(conn, cursor, failure)
+        return status
+
+    # ------------------------------------------------------------------ enqueue
+    def insert_tasks(self, conn: BaseDatabaseWrapper, rows: Sequence[NewTask]) -> None:
+        sql, _ = self.one_row(conn, rows[0])
+        with conn.cursor() as cursor:
+            if len(rows) == 1:
+                cursor.execute(sql, self.one_row(conn, rows[0])[1])
+            else:
+                # mysqlclient sends an INSERT's rows as one multi-row statement.
+                cursor.executemany(sql, [self.one_row(conn, r)[1] for r in rows])
+
+    def insert_unique(self, conn: BaseDatabaseWrapper, row: NewTask) -> bool:
+        """A duplicate key is refused by ox_task_unique (its error is a statement's only: the
+        caller's transaction goes on, and nothing of this row was written)."""
+        sql, params = self.one_row(conn, row)
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(sql, params)
+        except IntegrityError as error:
+            if "ox_task_unique" in str(error):
+                return False
+            raise
+        return True
+
+    def holder_of(self, conn: BaseDatabaseWrapper, key: str) -> uuid.UUID | None:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT id FROM ox_task WHERE unique_held = %s", [key])
+            row = cursor.fetchone()
+        return None if row is None else read_id(row[0])
+
+    # ------------------------------------------------------------------ the duties
+    def move_sql(self, src: str, dst: str, cols: str, pick: str) -> list[str]:
+        raise NotImplementedError("MariaDB moves rows by id (move_rows)")
+
+    def move_rows(self, cursor: Any, src: str, dst: str, cols: str, pick: str, params: list[object]) -> int:
+        """The picked rows locked first (SKIP LOCKED: what a retry or another archiver holds
+        waits for a later batch), then copied and deleted by id: MariaDB takes no LIMIT in an
+        IN (subquery)."""
+        cursor.execute(f"{pick}{self.skip_locked}", params)
+        ids = [row[0] for row in cursor.fetchall()]
+        if not ids:
+            return 0
+        match, id_params = self.in_list(ids)
+        cursor.execute(f"INSERT INTO {dst} ({cols}) SELECT {cols} FROM {src} WHERE id {match}", id_params)
+        cursor.execute(f"DELETE FROM {src} WHERE id {match}", id_params)
+        return cursor.rowcount
+
+    # ------------------------------------------------------------------ liveness and rescue
+    def hold_worker_lock(self, conn: BaseDatabaseWrapper, lock_key: int) -> None:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT GET_LOCK(%s, 10)", [lock_name(conn, lock_key)])
+            if cursor.fetchone()[0] != 1:
+                raise RuntimeError(f"could not take the worker's lock {lock_name(conn, lock_key)!r}")
+
+    def rescue_and_mark(
+        self, conn: BaseDatabaseWrapper, now: datetime, max_lost: int, liveness_grace: float
+    ) -> tuple[list[tuple[uuid.UUID, str, str]], list[str]]:
+        """A live worker's session holds its named lock. A worker whose lock is free is marked;
+        still free `liveness_grace` seconds later, the worker is dead, whatever its leases
+        say. Rescuers need no lock of their own: each takes the lost tasks it can lock
+        (SKIP LOCKED), so two never rescue one task."""
+        ts = self.ts(conn, now)
+        prefix = lock_prefix(conn)
+        with self.transaction(conn) as cursor:
+            cursor.execute(
+                "SELECT w.id, w.lock_lost_at FROM ox_worker w WHERE w.lock_key > 0"
+                " AND w.id IN (SELECT worker_id FROM ox_task WHERE status = 'RUNNING'"
+                " UNION SELECT worker_id FROM ox_slot WHERE worker_id <> '')"
+                " AND IS_USED_LOCK(CONCAT(%s, w.lock_key)) IS NULL",
+                [prefix],
+            )
+            lockless = cursor.fetchall()
+            marked = [w for w, lost_at in lockless if lost_at is None]
+            if marked:
+                match, params = self.in_list(marked)
+                cursor.execute(
+                    f"UPDATE ox_worker SET lock_lost_at = %s WHERE id {match} AND lock_lost_at IS NULL", [ts, *params]
+                )
+            cutoff = now - timedelta(seconds=liveness_grace)
+            dead = [w for w, lost_at in lockless if lost_at is not None and read_ts(lost_at) <= cutoff]
+            dead_match, dead_params = self.in_list(dead)
+            if dead:
+                cursor.execute(
+                    f"UPDATE ox_slot SET worker_id = '', expires_at = NULL WHERE worker_id {dead_match}", dead_params
+                )
+            cursor.execute(
+                "SELECT t.id, t.attempts, t.worker_id, t.last_attempted_at, t.cancel_requested,"
+                " (SELECT count(*) FROM ox_attempt a WHERE a.task_id = t.id AND a.outcome = 'lost')"
+                f" FROM ox_task t WHERE t.status = 'RUNNING' AND (t.lease_expires_at < %s OR t.worker_id {dead_match})"
+                " FOR UPDATE SKIP LOCKED",
+                [ts, *dead_params],
+            )
+            lost = cursor.fetchall()
+            out: list[tuple[uuid.UUID, str, str]] = []
+            by_status: dict[str, list[object]] = {}
+            for task_id, _attempts, worker, _at, cancel, lost_before in lost:
+                status = "CANCELLED" if cancel else "FAILED" if lost_before + 1 >= max_lost else "READY"
+                by_status.setdefault(status, []).append(task_id)
+                out.append((read_id(task_id), worker, status))
+            for status, ids in by_status.items():
+                match, params = self.in_list(ids)
+                cursor.execute(
+                    "UPDATE ox_task SET status = %s, finished_at = %s, max_attempts = max_attempts + 1,"
+                    f" lease_expires_at = NULL, fence = fence + 1 WHERE id {match}",
+                    [status, None if status == "READY" else ts, *params],
+                )
+            if lost:
+                path = class_path(WorkerLost)
+                cursor.executemany(
+                    "INSERT INTO ox_attempt (task_id, number, worker_id, started_at, finished_at, outcome,"
+                    " exception_class_path, traceback) VALUES (%s, %s, %s, %s, %s, 'lost', %s, %s)",
+                    [
+                        [task_id, attempts, worker, at, ts, path, LOST_TRACEBACK.replace("{worker}", worker)]
+                        for task_id, attempts, worker, at, _c, _n in lost
+                    ],
+                )
+        return out, marked
