@@ -309,13 +309,13 @@ def _set_running(conn: BaseDatabaseWrapper, worker_id: str, ids: list[object], l
 
 def _save_rates(conn: BaseDatabaseWrapper, d: Decision) -> None:
     upsert = driver(conn).upsert(("queue", "key"), ("tat",))
-    key = conn.ops.quote_name("key")  # a reserved word on MySQL
+    key_column = conn.ops.quote_name("key")  # a reserved word on MySQL
     with conn.cursor() as cursor:
         for queue in sorted(d.rate_changed):
             cursor.execute("UPDATE ox_queue SET rate_tat = %s WHERE name = %s", [d.tats[queue], queue])
         for queue, key in sorted(d.key_changed):
             cursor.execute(
-                f"INSERT INTO ox_key_rate (queue, {key}, tat) VALUES (%s, %s, %s){upsert}",
+                f"INSERT INTO ox_key_rate (queue, {key_column}, tat) VALUES (%s, %s, %s){upsert}",
                 [queue, key, d.key_tats[(queue, key)]],
             )
 
