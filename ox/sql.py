@@ -16,7 +16,7 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox.db import driver
-from ox.db.base import HELD_FINISHED, LOCK_NAMESPACE, LOST_TRACEBACK, RESCUER_KEY, UNIQUE_HELD
+from ox.db.base import HELD_FINISHED, LOCK_NAMESPACE, LOST_TRACEBACK, RESCUER_KEY, UNIQUE_HELD, Held
 from ox.db.rows import CLAIM_COLUMNS, Claimed, Completion, Failure, NewTask, WorkerRow
 from ox.db.walks import Gate
 
@@ -34,8 +34,6 @@ __all__ = [
     "NewTask",
     "WorkerRow",
 ]
-
-Held = tuple[uuid.UUID, int]  # a claim: (task id, fence)
 
 
 def is_postgres(conn: BaseDatabaseWrapper) -> bool:

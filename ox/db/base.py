@@ -192,6 +192,23 @@ class Driver:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ shared operations
+    def levels(
+        self, conn: BaseDatabaseWrapper, queues: Sequence[str], gate: Gate = False
+    ) -> dict[tuple[str, int], list[int]]:
+        """(queue, is_async) -> the priorities of its READY tasks, highest first."""
+        levels, params = levels_cte(queues, ("0", "1"), gate, self.text_type)
+        out: dict[tuple[str, int], list[int]] = {}
+        with conn.cursor() as cursor:
+            cursor.execute(
+                f"WITH RECURSIVE {levels} SELECT queue, is_async, priority FROM levels WHERE priority IS NOT NULL",
+                params,
+            )
+            for queue, flag, priority in cursor.fetchall():
+                out.setdefault((queue, int(flag)), []).append(int(priority))
+        for found in out.values():
+            found.sort(reverse=True)
+        return out
+
     def earliest_ready(
         self, conn: BaseDatabaseWrapper, queues: Sequence[str], kinds: tuple[bool, bool], gate: Gate
     ) -> datetime | None:

@@ -73,18 +73,6 @@ class MysqlDriver(Driver):
         return ["SET TRANSACTION ISOLATION LEVEL READ COMMITTED", self.begin]
 
     # ------------------------------------------------------------------ claim
-    def levels(self, conn: BaseDatabaseWrapper, queues: Sequence[str], gate: Gate) -> Levels:
-        levels, params = levels_cte(queues, ("0", "1"), gate, self.text_type)
-        out: Levels = {}
-        with conn.cursor() as cursor:
-            cursor.execute(
-                f"WITH RECURSIVE {levels} SELECT queue, is_async, priority FROM levels WHERE priority IS NOT NULL",
-                params,
-            )
-            for queue, flag, priority in cursor.fetchall():
-                out.setdefault((queue, int(flag)), []).append(int(priority))
-        return out
-
     def candidates(
         self, conn: BaseDatabaseWrapper, flag: int, levels: Levels, now: datetime, k: int, columns: str = "id"
     ) -> list[tuple[Any, ...]]:
@@ -203,8 +191,7 @@ class MysqlDriver(Driver):
     def ready_rows(
         self, conn: BaseDatabaseWrapper, queues: Sequence[str], flag: int, now: datetime, limit: int, columns: str
     ) -> list[tuple[Any, ...]]:
-        rows = self.candidates(conn, flag, self.levels(conn, queues, True), now, limit, columns)
-        return rows
+        return self.candidates(conn, flag, self.levels(conn, queues, True), now, limit, columns)
 
     def earliest_ready(
         self, conn: BaseDatabaseWrapper, queues: Sequence[str], kinds: tuple[bool, bool], gate: Gate
@@ -317,10 +304,10 @@ class MysqlDriver(Driver):
 
     # ------------------------------------------------------------------ enqueue
     def insert_tasks(self, conn: BaseDatabaseWrapper, rows: Sequence[NewTask]) -> None:
-        sql, _ = self.one_row(conn, rows[0])
+        sql, params = self.one_row(conn, rows[0])
         with conn.cursor() as cursor:
             if len(rows) == 1:
-                cursor.execute(sql, self.one_row(conn, rows[0])[1])
+                cursor.execute(sql, params)
             else:
                 # mysqlclient sends an INSERT's rows as one multi-row statement.
                 cursor.executemany(sql, [self.one_row(conn, r)[1] for r in rows])

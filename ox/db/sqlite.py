@@ -13,7 +13,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox.db.base import INSERT_COLUMNS, LOST_TRACEBACK, SET_RUNNING, Driver, Held
 from ox.db.rows import CLAIM_COLUMNS, Claimed, Completion, NewTask, read_claimed, read_id, read_ts
-from ox.db.walks import Gate, distinct, levels_cte
+from ox.db.walks import Gate, distinct
 from ox.exceptions import WorkerLost, class_path
 
 Levels = dict[tuple[str, int], list[int]]  # (queue, is_async) -> priorities waiting, highest first
@@ -44,21 +44,6 @@ class SqliteDriver(Driver):
     skip_locked: ClassVar[str] = ""
 
     # ------------------------------------------------------------------ claim
-    def levels(self, conn: BaseDatabaseWrapper, queues: Sequence[str], gate: Gate = False) -> Levels:
-        """(queue, is_async) -> the priorities of its READY tasks, highest first."""
-        levels, params = levels_cte(queues, ("0", "1"), gate)
-        out: Levels = {}
-        with conn.cursor() as cursor:
-            cursor.execute(
-                f"WITH RECURSIVE {levels} SELECT queue, is_async, priority FROM levels WHERE priority IS NOT NULL",
-                params,
-            )
-            for queue, flag, priority in cursor.fetchall():
-                out.setdefault((queue, int(flag)), []).append(int(priority))
-        for found in out.values():
-            found.sort(reverse=True)
-        return out
-
     def pick(
         self, conn: BaseDatabaseWrapper, flag: int, queues: Sequence[str], levels: Levels, now: object, limit: int
     ) -> list[object]:
