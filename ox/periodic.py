@@ -1,8 +1,9 @@
 """Periodic tasks: every worker fires due ticks, the unique (schedule, tick_at) row in ox_tick
 makes each tick fire once.
 
-Firing a tick is one transaction on the worker's connection: INSERT the tick row with
-ON CONFLICT DO NOTHING, and only if that inserted a row, INSERT the task. The worker that
+Firing a tick is one transaction on the worker's connection: INSERT the tick row unless it
+exists (ON CONFLICT DO NOTHING; on MariaDB that one statement's duplicate-key error), and
+only if that inserted a row, INSERT the task. The worker that
 loses the race inserts nothing and enqueues nothing; a rolled-back enqueue leaves no tick.
 
 Missed ticks (no worker ran at the time): when a worker finds the latest due tick was not
@@ -103,12 +104,12 @@ class Ticker:
             )
             previous = cursor.fetchone()[0]
             missed = schedule.ticks_between(_read_ts(previous), due) if previous is not None else 0
-            cursor.execute(
-                "INSERT INTO ox_tick (schedule, tick_at, fired_at, task_id, missed) VALUES (%s, %s, %s, %s, %s)"
-                " ON CONFLICT (schedule, tick_at) DO NOTHING RETURNING id",
+            if not driver(conn).insert_new(
+                conn,
+                cursor,
+                "INSERT INTO ox_tick (schedule, tick_at, fired_at, task_id, missed) VALUES (%s, %s, %s, %s, %s)",
                 [schedule.name, _ts(conn, due), _ts(conn, now), _id(conn, row.id if row else None), missed],
-            )
-            if cursor.fetchone() is None:
+            ):
                 return False
             if row is not None:
                 sql.insert_tasks(conn, [row])
@@ -143,11 +144,14 @@ def _read_ts(value: object) -> datetime:
 
 
 def _forget_old_ticks(conn: BaseDatabaseWrapper, cursor: Any, name: str) -> None:
+    # The oldest tick kept read first: a DELETE cannot read its own table on MariaDB.
     cursor.execute(
-        "DELETE FROM ox_tick WHERE schedule = %s AND tick_at < (SELECT tick_at FROM ox_tick"
-        " WHERE schedule = %s ORDER BY tick_at DESC LIMIT 1 OFFSET %s)",
-        [name, name, KEEP_TICKS - 1],
+        "SELECT tick_at FROM ox_tick WHERE schedule = %s ORDER BY tick_at DESC LIMIT 1 OFFSET %s",
+        [name, KEEP_TICKS - 1],
     )
+    oldest = cursor.fetchone()
+    if oldest is not None:
+        cursor.execute("DELETE FROM ox_tick WHERE schedule = %s AND tick_at < %s", [name, oldest[0]])
 
 
 def last_tick_at(conn: BaseDatabaseWrapper, name: str) -> datetime | None:

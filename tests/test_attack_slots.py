@@ -7,6 +7,7 @@ import signal
 import time
 
 import pytest
+from django.db import connection
 
 from ox import enqueue_many
 from ox.flow.queues import pause, resume, set_limits
@@ -222,7 +223,10 @@ def test_a_worker_busy_with_an_unlimited_backlog_hoards_the_slots_from_an_idle_w
         w.signal(signal.SIGTERM)
     for w in (a, b):
         w.wait(timeout=60)
-    assert hoarded < 0.3, f"no emails task at all, yet A held emails slots in {hoarded:.0%} of samples {samples}"
+    # A holds them for the length of each claim it makes (taken before, given back after):
+    # one statement on PostgreSQL, six on MariaDB (lock, then update by id), so longer there.
+    bound = 0.5 if connection.vendor == "mysql" else 0.3
+    assert hoarded < bound, f"no emails task at all, yet A held emails slots in {hoarded:.0%} of samples {samples}"
     where = f"ran on pids {pids}, A={a.pid} B={b.pid}, A held {held_by_a} of 2 slots 1 s in"
     assert max(waits) < 3.0, f"emails tasks started after {waits} s ({where})"
 

@@ -1,17 +1,17 @@
-"""What every driver shares: the dialect facts the statements are written with, and the
-operations whose SQL is the same on every database ox runs on. A driver (ox.db.postgresql,
-ox.db.sqlite) overrides the facts that differ and implements the rest of the operations
-named in ox.sql."""
+"""What every driver shares: the operations whose SQL is the same on every database ox runs
+on (written with the dialect's facts, ox.db.dialect). A driver (ox.db.postgresql,
+ox.db.sqlite, ox.db.mysql) overrides the facts that differ and implements the rest of the
+operations named in ox.sql."""
 
 import json
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ox.db.dialect import Dialect
 from ox.db.rows import Claimed, Completion, Failure, NewTask, WorkerRow, read_id, read_ts
 from ox.db.walks import LEVEL_READY, Gate, distinct, levels_cte
 
@@ -53,77 +53,8 @@ _INSERT_ATTEMPT = (
 Held = tuple[uuid.UUID, int]  # a claim: (task id, fence)
 
 
-class Driver:
+class Driver(Dialect):
     """One database's statements. Stateless: one instance per vendor serves every connection."""
-
-    vendor: ClassVar[str] = ""
-    true: ClassVar[str] = "true"
-    false: ClassVar[str] = "false"
-    begin: ClassVar[str] = "BEGIN"
-    # Row locks where the database has them ("" where one writer at a time is the lock).
-    for_update: ClassVar[str] = " FOR UPDATE"
-    skip_locked: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
-    # Whether a worker's liveness is a lock its session holds (the rescue then need not wait
-    # for a lease to run out), and whether enqueues can wake workers (LISTEN/NOTIFY).
-    session_locks: ClassVar[bool] = False
-    notifies: ClassVar[bool] = False
-    vacuums: ClassVar[bool] = False  # whether ox's vacuum duty (ox.vacuum) applies
-    # The server's clock (ox.clock), read now and then; "" where the database has none of
-    # its own (SQLite: this machine's).
-    clock_sql: ClassVar[str] = ""
-    # Whether move_rows runs its pick more than once (then the pick's order must be total).
-    repeats_pick: ClassVar[bool] = True
-    text_type: ClassVar[str] = "text"  # what a queue name is cast to in the walks' seeds
-
-    # ------------------------------------------------------------------ dialect
-    def id(self, value: uuid.UUID) -> object:
-        return value.hex
-
-    def ts(self, conn: BaseDatabaseWrapper, value: datetime | None) -> object:
-        return conn.ops.adapt_datetimefield_value(value)
-
-    def flag(self, value: bool | int) -> str:
-        return self.true if value else self.false
-
-    def in_list(self, values: Sequence[object]) -> tuple[str, list[object]]:
-        """`IN (...)` over a list of any length as one parameter: (text, params)."""
-        return "IN (SELECT value FROM json_each(%s))", [json.dumps(list(values))]
-
-    def skip_duplicate(self, key: str) -> str:
-        """What follows an INSERT's VALUES so that a row whose unique `key` exists is left
-        as it is, without an error."""
-        return " ON CONFLICT DO NOTHING"
-
-    def upsert(self, conflict: Sequence[str], update: Sequence[str]) -> str:
-        """What follows an INSERT's VALUES so that a row whose `conflict` columns exist
-        takes the new values of `update` instead."""
-        sets = ", ".join(f"{c} = excluded.{c}" for c in update)
-        return f" ON CONFLICT ({', '.join(conflict)}) DO UPDATE SET {sets}"
-
-    def notify(self, cursor: Any, channel: str, payload: str) -> None:
-        """Wake whoever listens on `channel` (where the database can; elsewhere workers poll)."""
-
-    def begin_read_committed(self) -> list[str]:
-        """The statements that open a READ COMMITTED transaction (each statement then sees
-        what others committed before it: the gate counts after its lock)."""
-        return [self.begin]
-
-    @contextmanager
-    def transaction(self, conn: BaseDatabaseWrapper, read_committed: bool = False) -> Iterator[Any]:
-        """A transaction on a connection left in autocommit; inside the caller's atomic()
-        (Django code calling ox.sql), a savepoint of it (at the caller's isolation)."""
-        nested = conn.in_atomic_block
-        with conn.cursor() as cursor:
-            for statement in (
-                ["SAVEPOINT ox_sql"] if nested else self.begin_read_committed() if read_committed else [self.begin]
-            ):
-                cursor.execute(statement)
-            try:
-                yield cursor
-            except BaseException:
-                cursor.execute("ROLLBACK TO SAVEPOINT ox_sql" if nested else "ROLLBACK")
-                raise
-            cursor.execute("RELEASE SAVEPOINT ox_sql" if nested else "COMMIT")
 
     # ------------------------------------------------------------------ claim (per driver)
     def claim(

@@ -15,7 +15,7 @@ from datetime import datetime
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ox.db import driver
+from ox.db import Driver, driver
 from ox.flow.decide import Candidate
 
 WALK_MAX = 5000  # keys looked at per queue and claim, at most
@@ -33,13 +33,18 @@ def _fetch(conn: BaseDatabaseWrapper, ids: list[object]) -> list[Candidate]:
     return [Candidate.of(r) for r in rows]
 
 
-def _head_sql(ready: str, kind: str, at: object, queue: str) -> tuple[str, list[object]]:
-    """A key's (keys.k) first due task of one kind, in claim order: its priorities from the
+def _head_sql(driver_facts: Driver, ready: str, kind: str, at: object, queue: str) -> tuple[str, list[object]]:
+    """A key's (kw.k) first due task of one kind, in claim order: its priorities from the
     highest down, one index probe each, stopping at the first with a due task; within a
     priority the due ones are a range of ox_task_ready_key (run_after <= now). Probing by
     priority is what keeps the key's tasks scheduled for later (at a higher priority, or at
     the same one) from being read entry by entry on every walk."""
-    mine = f"FROM ox_task t WHERE {ready} AND t.limit_key = keys.k AND t.is_async = {kind}"
+    mine = f"FROM ox_task t WHERE {ready} AND t.limit_key = kw.k AND t.is_async = {kind}"
+    if not driver_facts.correlates_into_cte:
+        # MariaDB: a CTE in a subquery cannot see the outer walk's kw.k. The key's entries in
+        # claim order instead, passing over the ones scheduled for later.
+        text = f"(SELECT t.id {mine} AND t.run_after <= %s ORDER BY t.priority DESC, t.run_after, t.id LIMIT 1)"
+        return text, [queue, at]
     due = "AND t.priority = lv.p AND t.run_after <= %s"
     text = (
         f"(WITH RECURSIVE lv(p) AS (SELECT (SELECT max(t.priority) {mine})"
@@ -57,16 +62,16 @@ def free_key_heads(conn: BaseDatabaseWrapper, queue: str, now: datetime, skip: C
     d = driver(conn)
     ready = "t.status = 'READY' AND t.queue = %s AND t.limit_key IS NOT NULL"
     at = d.ts(conn, now)
-    sync_head, sync_params = _head_sql(ready, d.false, at, queue)
-    async_head, async_params = _head_sql(ready, d.true, at, queue)
+    sync_head, sync_params = _head_sql(d, ready, d.false, at, queue)
+    async_head, async_params = _head_sql(d, ready, d.true, at, queue)
     skipped_match, skipped = d.in_list(list(skip))
     text = (
-        "WITH RECURSIVE keys(k, n) AS ("
+        "WITH RECURSIVE kw(k, n) AS ("
         f"SELECT (SELECT min(t.limit_key) FROM ox_task t WHERE {ready}), 1"
-        f" UNION ALL SELECT (SELECT min(t.limit_key) FROM ox_task t WHERE {ready} AND t.limit_key > keys.k), keys.n + 1"
-        " FROM keys WHERE keys.k IS NOT NULL AND keys.n < %s)"
+        f" UNION ALL SELECT (SELECT min(t.limit_key) FROM ox_task t WHERE {ready} AND t.limit_key > kw.k), kw.n + 1"
+        " FROM kw WHERE kw.k IS NOT NULL AND kw.n < %s)"
         f" SELECT {sync_head}, {async_head}"
-        f" FROM keys WHERE keys.k IS NOT NULL AND NOT (keys.k {skipped_match})"
+        f" FROM kw WHERE kw.k IS NOT NULL AND NOT (kw.k {skipped_match})"
     )
     with conn.cursor() as cursor:
         cursor.execute(text, [queue, queue, WALK_MAX, *sync_params, *async_params, *skipped])

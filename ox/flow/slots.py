@@ -31,7 +31,7 @@ def size(conn: BaseDatabaseWrapper, queue: str, n: int) -> None:
     with sql.transaction(conn) as cursor:
         marks = ", ".join(["(%s, %s, '')"] * n)
         cursor.execute(
-            f"INSERT INTO ox_slot (queue, n, worker_id) VALUES {marks} ON CONFLICT (queue, n) DO NOTHING",
+            f"INSERT INTO ox_slot (queue, n, worker_id) VALUES {marks}{driver(conn).skip_duplicate('n')}",
             [v for i in range(n) for v in (queue, i)],
         )
         cursor.execute("DELETE FROM ox_slot WHERE queue = %s AND n >= %s AND worker_id = ''", [queue, n])
@@ -54,35 +54,49 @@ def take(
     if want <= 0:
         return []
     d = driver(conn)
-    lock = d.skip_locked
     ts, until = d.ts(conn, now), d.ts(conn, expires_at)
     free = "(worker_id = '' OR expires_at < %s)"
-    # RUNNING rows of the queue whose worker holds none of its slots (ox_task_running_queue).
-    unslotted = (
-        "(SELECT count(*) FROM ox_task t WHERE t.status = 'RUNNING' AND t.queue = %s AND NOT EXISTS"
-        " (SELECT 1 FROM ox_slot h WHERE h.queue = t.queue AND h.worker_id = t.worker_id AND h.worker_id <> ''))"
-    )
     with sql.transaction(conn) as cursor:
+        # What of the limit is free: free slots less the RUNNING tasks of the queue whose
+        # worker holds none of its slots (ox_task_running_queue).
         cursor.execute(
-            "UPDATE ox_slot SET worker_id = %s, expires_at = %s WHERE id IN ("
-            f"SELECT id FROM ox_slot WHERE queue = %s AND {free} ORDER BY n LIMIT"
-            f" (SELECT max(v) FROM (SELECT 0 AS v UNION ALL SELECT min(w) FROM (SELECT %s AS w UNION ALL"
-            f" SELECT (SELECT count(*) FROM ox_slot WHERE queue = %s AND {free}) - {unslotted}) m) c){lock})"
-            " RETURNING n",
-            [worker_id, until, queue, ts, want, queue, ts, queue],
+            f"SELECT (SELECT count(*) FROM ox_slot WHERE queue = %s AND {free}) - (SELECT count(*) FROM ox_task t"
+            " WHERE t.status = 'RUNNING' AND t.queue = %s AND NOT EXISTS (SELECT 1 FROM ox_slot h"
+            " WHERE h.queue = t.queue AND h.worker_id = t.worker_id AND h.worker_id <> ''))",
+            [queue, ts, queue],
         )
-        return sorted(int(r[0]) for r in cursor.fetchall())
+        n = min(want, int(cursor.fetchone()[0]))
+        if n <= 0:
+            return []
+        # A slot another worker took since is passed over (SKIP LOCKED) or, once its lock
+        # is gone, rechecked against the free condition and left: fewer taken, never more.
+        rows = d.update_returning(
+            conn,
+            "ox_slot",
+            "worker_id = %s, expires_at = %s",
+            [worker_id, until],
+            f"queue = %s AND {free}",
+            [queue, ts],
+            "n",
+            order="n",
+            limit=n,
+            cursor=cursor,
+        )
+        return sorted(int(r[0]) for r in rows)
 
 
 def renew(conn: BaseDatabaseWrapper, worker_id: str, expires_at: datetime) -> dict[str, set[int]]:
     """Extend this worker's leases; queue -> the slots it still holds (one taken over after
     its lease ran out, or deleted by a lower limit, is not among them)."""
-    with conn.cursor() as cursor:
-        cursor.execute(
-            "UPDATE ox_slot SET expires_at = %s WHERE worker_id = %s RETURNING queue, n",
-            [driver(conn).ts(conn, expires_at), worker_id],
-        )
-        rows = cursor.fetchall()
+    rows = driver(conn).update_returning(
+        conn,
+        "ox_slot",
+        "expires_at = %s",
+        [driver(conn).ts(conn, expires_at)],
+        "worker_id = %s",
+        [worker_id],
+        "queue, n",
+    )
     held: dict[str, set[int]] = {}
     for queue, n in rows:
         held.setdefault(queue, set()).add(int(n))
@@ -105,10 +119,10 @@ def give_back(conn: BaseDatabaseWrapper, worker_id: str, queue: str, numbers: It
 def give_back_all(conn: BaseDatabaseWrapper, worker_id: str) -> None:
     """A stopping worker's slots, all at once; on PostgreSQL the workers waiting for one are
     told (a NOTIFY on the tasks' channel per queue), so a backlog left behind goes on at once."""
+    rows = driver(conn).update_returning(
+        conn, "ox_slot", "worker_id = '', expires_at = NULL", [], "worker_id = %s", [worker_id], "queue"
+    )
+    queues = sorted({r[0] for r in rows})
     with conn.cursor() as cursor:
-        cursor.execute(
-            "UPDATE ox_slot SET worker_id = '', expires_at = NULL WHERE worker_id = %s RETURNING queue", [worker_id]
-        )
-        queues = sorted({r[0] for r in cursor.fetchall()})
         for queue in queues:
             driver(conn).notify(cursor, "ox_task", queue)

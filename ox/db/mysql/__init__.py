@@ -16,12 +16,11 @@ from typing import Any, ClassVar
 from django.db import IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ox.db.base import LOST_TRACEBACK, Driver, Held
-from ox.db.rows import CLAIM_COLUMNS, Claimed, Completion, Failure, NewTask, read_claimed, read_id, read_ts
-from ox.db.walks import LEVEL_READY, Gate, candidates_per_level, distinct, levels_cte
+from ox.db.base import LOST_TRACEBACK, Held
+from ox.db.mysql.claim import MysqlClaims
+from ox.db.rows import Claimed, Completion, Failure, NewTask, read_id, read_ts
+from ox.db.walks import Gate
 from ox.exceptions import WorkerLost, class_path
-
-Levels = dict[tuple[str, int], list[int]]
 
 _DONE = (
     "JSON_TABLE(%s, '$[*]' COLUMNS (id CHAR(36) PATH '$[0]', fence BIGINT PATH '$[1]', rv LONGTEXT PATH '$[2]',"
@@ -44,7 +43,7 @@ def lock_name(conn: BaseDatabaseWrapper, lock_key: int) -> str:
     return f"{lock_prefix(conn)}{lock_key}"
 
 
-class MysqlDriver(Driver):
+class MysqlDriver(MysqlClaims):
     vendor: ClassVar[str] = "mysql"
     true: ClassVar[str] = "1"
     false: ClassVar[str] = "0"
@@ -53,6 +52,7 @@ class MysqlDriver(Driver):
     session_locks: ClassVar[bool] = True
     clock_sql: ClassVar[str] = "SELECT UTC_TIMESTAMP(6)"  # naive, in UTC
     repeats_pick: ClassVar[bool] = False
+    correlates_into_cte: ClassVar[bool] = False
 
     def id(self, value: uuid.UUID) -> object:
         return value.hex
@@ -68,151 +68,53 @@ class MysqlDriver(Driver):
     def upsert(self, conflict: Sequence[str], update: Sequence[str]) -> str:
         return " ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in update)
 
+    def update_returning(
+        self,
+        conn: BaseDatabaseWrapper,
+        table: str,
+        sets: str,
+        set_params: Sequence[object],
+        where: str,
+        where_params: Sequence[object],
+        columns: str,
+        order: str = "",
+        limit: int | None = None,
+        cursor: Any = None,
+    ) -> list[tuple[Any, ...]]:
+        # The rows locked first, then written by id, in one transaction: there is no
+        # RETURNING, and no LIMIT in an IN subquery either.
+        if cursor is None:
+            with self.transaction(conn) as own:
+                return self.update_returning(
+                    conn, table, sets, set_params, where, where_params, columns, order, limit, own
+                )
+        pick = f"SELECT id, {columns} FROM {table} WHERE {where}"
+        if limit is None:
+            cursor.execute(f"{pick} FOR UPDATE", list(where_params))
+        else:
+            cursor.execute(f"{pick} ORDER BY {order} LIMIT %s FOR UPDATE SKIP LOCKED", [*where_params, limit])
+        rows = cursor.fetchall()
+        if rows:
+            match, ids = self.in_list([r[0] for r in rows])
+            cursor.execute(f"UPDATE {table} SET {sets} WHERE id {match}", [*set_params, *ids])
+        return [tuple(r[1:]) for r in rows]
+
+    def insert_new(self, conn: BaseDatabaseWrapper, cursor: Any, insert: str, params: Sequence[object]) -> bool:
+        # A duplicate key fails the statement only (InnoDB rolls back that statement, not
+        # the transaction); no other error is taken for a duplicate.
+        try:
+            cursor.execute(insert, list(params))
+        except IntegrityError as error:
+            if error.args and error.args[0] == 1062:  # ER_DUP_ENTRY
+                return False
+            raise
+        return True
+
     def begin_read_committed(self) -> list[str]:
         # SET TRANSACTION applies to the next transaction only, and must come before it.
         return ["SET TRANSACTION ISOLATION LEVEL READ COMMITTED", self.begin]
 
-    # ------------------------------------------------------------------ claim
-    def candidates(
-        self, conn: BaseDatabaseWrapper, flag: int, levels: Levels, now: datetime, k: int, columns: str = "id"
-    ) -> list[tuple[Any, ...]]:
-        """Unlocked, in claim order: per queue and priority waiting, up to k due tasks, one
-        range scan of the READY index each, all in one statement."""
-        parts, params = [], []
-        ts = self.ts(conn, now)
-        for (queue, kind), priorities in sorted(levels.items()):
-            if kind != flag:
-                continue
-            for priority in priorities:
-                parts.append(
-                    f"(SELECT {columns} FROM ox_task WHERE status = 'READY' AND queue = %s AND is_async = {kind}"
-                    " AND priority = %s AND run_after <= %s ORDER BY run_after, id LIMIT %s)"
-                )
-                params += [queue, priority, ts, k]
-        if not parts:
-            return []
-        with conn.cursor() as cursor:
-            cursor.execute(" UNION ALL ".join(parts), params)
-            return cursor.fetchall()
-
-    def _pick_and_lock(
-        self, conn: BaseDatabaseWrapper, cursor: Any, flag: int, levels: Levels, now: datetime, limit: int
-    ) -> list[tuple[Any, ...]]:
-        """Inside the claim's transaction: the best `limit` candidates nobody holds, locked
-        (SKIP LOCKED: a row another claim holds is passed over, never waited for), as
-        CLAIM_COLUMNS rows. Only what is taken is locked: the candidates in claim order, a
-        slice of them at a time."""
-        rows = self.candidates(conn, flag, levels, now, candidates_per_level(limit), "id, priority, run_after")
-        order = sorted(rows, key=lambda r: (-int(r[1]), read_ts(r[2]), str(r[0])))
-        ids = [r[0] for r in order]
-        taken: list[tuple[Any, ...]] = []
-        while ids and len(taken) < limit:
-            want = limit - len(taken)
-            batch, ids = ids[:want], ids[want:]
-            match, params = self.in_list(batch)
-            cursor.execute(
-                f"SELECT {CLAIM_COLUMNS} FROM ox_task WHERE id {match} AND status = 'READY' FOR UPDATE SKIP LOCKED",
-                params,
-            )
-            taken += cursor.fetchall()
-        return taken
-
-    def _set_running_rows(
-        self, conn: BaseDatabaseWrapper, cursor: Any, rows: list[tuple[Any, ...]], worker_id: str, lease: datetime
-    ) -> list[Claimed]:
-        """The locked READY rows claimed: the UPDATE by id, and the rows as it left them."""
-        if not rows:
-            return []
-        match, params = self.in_list([r[0] for r in rows])
-        cursor.execute(
-            "UPDATE ox_task SET status = 'RUNNING', attempts = attempts + 1, worker_id = %s,"
-            f" lease_expires_at = %s, fence = fence + 1, last_attempted_at = NULL WHERE id {match}",
-            [worker_id, self.ts(conn, lease), *params],
-        )
-        # CLAIM_COLUMNS: attempts at 9, fence at 11 (the UPDATE added one to each).
-        return read_claimed((*r[:9], r[9] + 1, r[10], r[11] + 1, *r[12:]) for r in rows)
-
-    def _claim_in_transaction(
-        self,
-        conn: BaseDatabaseWrapper,
-        cursor: Any,
-        worker_id: str,
-        queues: Sequence[str],
-        limits: tuple[int, int],
-        now: datetime,
-        lease: datetime,
-        gate: Gate,
-    ) -> list[Claimed]:
-        levels = self.levels(conn, distinct(queues), gate)
-        rows = [
-            r for flag, n in enumerate(limits) if n > 0 for r in self._pick_and_lock(conn, cursor, flag, levels, now, n)
-        ]
-        return self._set_running_rows(conn, cursor, rows, worker_id, lease)
-
-    def claim(
-        self,
-        conn: BaseDatabaseWrapper,
-        worker_id: str,
-        queues: Sequence[str],
-        limits: tuple[int, int],
-        now: datetime,
-        lease_expires_at: datetime,
-        gate: Gate = False,
-    ) -> list[Claimed]:
-        with self.transaction(conn) as cursor:
-            return self._claim_in_transaction(conn, cursor, worker_id, queues, limits, now, lease_expires_at, gate)
-
-    def complete_and_claim(
-        self,
-        conn: BaseDatabaseWrapper,
-        done: Sequence[Completion],
-        worker_id: str,
-        queues: Sequence[str],
-        limits: tuple[int, int],
-        now: datetime,
-        lease_expires_at: datetime,
-        gate: Gate = False,
-    ) -> tuple[set[Held], list[Claimed]]:
-        with self.transaction(conn) as cursor:
-            written = self._complete(conn, cursor, done)
-            claimed = self._claim_in_transaction(conn, cursor, worker_id, queues, limits, now, lease_expires_at, gate)
-            return written, claimed
-
-    def set_running(
-        self, conn: BaseDatabaseWrapper, worker_id: str, ids: Sequence[object], lease: datetime
-    ) -> list[Claimed]:
-        match, params = self.in_list(list(ids))
-        with conn.cursor() as cursor:
-            cursor.execute(
-                f"SELECT {CLAIM_COLUMNS} FROM ox_task WHERE id {match} AND status = 'READY' FOR UPDATE", params
-            )
-            return self._set_running_rows(conn, cursor, cursor.fetchall(), worker_id, lease)
-
-    def ready_rows(
-        self, conn: BaseDatabaseWrapper, queues: Sequence[str], flag: int, now: datetime, limit: int, columns: str
-    ) -> list[tuple[Any, ...]]:
-        return self.candidates(conn, flag, self.levels(conn, queues, True), now, limit, columns)
-
-    def earliest_ready(
-        self, conn: BaseDatabaseWrapper, queues: Sequence[str], kinds: tuple[bool, bool], gate: Gate
-    ) -> datetime | None:
-        flags = [self.flag(kind) for kind, wanted in enumerate(kinds) if wanted]
-        queues = distinct(queues)
-        if not flags or not queues:
-            return None
-        levels, params = levels_cte(queues, flags, gate, self.text_type)
-        with conn.cursor() as cursor:
-            # The first due time per level, then their least (MariaDB will not put a
-            # correlated subquery inside an aggregate of a recursive CTE's rows).
-            cursor.execute(
-                f"WITH RECURSIVE {levels} SELECT min(f.first) FROM (SELECT (SELECT min(t.run_after) {LEVEL_READY}"
-                " AND t.priority = l.priority) AS first FROM levels l WHERE l.priority IS NOT NULL) AS f",
-                params,
-            )
-            row = cursor.fetchone()
-        return read_ts(row[0]) if row and row[0] is not None else None
-
-    # ------------------------------------------------------------------ completion and leases
+    # ------------------------------------------------------------------ completion
     def _complete(self, conn: BaseDatabaseWrapper, cursor: Any, done: Sequence[Completion]) -> set[Held]:
         """Inside a transaction: lock the claims still held, then write them."""
         if not done:
@@ -234,6 +136,22 @@ class MysqlDriver(Driver):
                 [payload],
             )
         return written
+
+    def complete_and_claim(
+        self,
+        conn: BaseDatabaseWrapper,
+        done: Sequence[Completion],
+        worker_id: str,
+        queues: Sequence[str],
+        limits: tuple[int, int],
+        now: datetime,
+        lease_expires_at: datetime,
+        gate: Gate = False,
+    ) -> tuple[set[Held], list[Claimed]]:
+        with self.transaction(conn) as cursor:
+            written = self._complete(conn, cursor, done)
+            claimed = self._claim_in_transaction(conn, cursor, worker_id, queues, limits, now, lease_expires_at, gate)
+            return written, claimed
 
     def complete(self, conn: BaseDatabaseWrapper, done: Sequence[Completion]) -> set[Held]:
         with self.transaction(conn) as cursor:
