@@ -19,6 +19,7 @@ from ox.conf import OxOptions
 from ox.models import Status, Task, Worker
 from ox.paging import COUNT_CAP
 from ox.tablehealth import TableHealth, table_health
+from ox.tablehealth_innodb import InnoDBTableHealth
 
 STALE_FORGET = timedelta(hours=1)
 
@@ -201,7 +202,7 @@ class Health:
     thresholds: Thresholds
     queues: list[QueueCounts]
     workers: WorkerCounts
-    table: TableHealth | None  # PostgreSQL only
+    table: TableHealth | InnoDBTableHealth | None  # PostgreSQL's or InnoDB's; None on SQLite
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -223,7 +224,9 @@ class Health:
 
     def as_dict(self) -> dict[str, Any]:
         table = None
-        if self.table is not None:
+        if isinstance(self.table, InnoDBTableHealth):  # no dead ratio: InnoDB has no dead tuples
+            table = {**asdict(self.table), "total_bytes": self.table.total_bytes, "warning": self.table.warning}
+        elif self.table is not None:
             table = {**asdict(self.table), "dead_ratio": self.table.dead_ratio, "warning": self.table.warning}
         return {
             "healthy": self.healthy,
@@ -259,7 +262,14 @@ def check_health(
         problems.append(f"{workers.stale} stale workers (max {t.max_stale_workers})")
     if workers.alive < t.min_workers:
         problems.append(f"{workers.alive} workers alive (min {t.min_workers})")
-    if table is not None and table.warning and table.oldest_transaction is not None:
+    if isinstance(table, InnoDBTableHealth):
+        if table.warning and table.oldest_transaction is not None:
+            trx = table.oldest_transaction
+            problems.append(
+                f"a transaction open for {trx.age_seconds:.0f}s (thread {trx.thread_id}, {trx.state}) holds back"
+                f" InnoDB purge (history list {table.history_list_length}, max {t.max_xact_age:.0f}s)"
+            )
+    elif table is not None and table.warning and table.oldest_transaction is not None:
         oldest = table.oldest_transaction
         problems.append(
             f"a transaction open for {oldest.age_seconds:.0f}s (pid {oldest.pid}, {oldest.state}) holds back"

@@ -27,6 +27,7 @@ from ox.paging import COUNT_CAP
 from ox.periodic import schedule_status
 from ox.stats import each_status
 from ox.tablehealth import table_health
+from ox.tablehealth_innodb import InnoDBTableHealth
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 WINDOW = timedelta(minutes=5)
@@ -178,6 +179,8 @@ def _table_lines(using: str | None) -> list[str]:
     table = table_health(using)
     if table is None:
         return []
+    if isinstance(table, InnoDBTableHealth):
+        return _innodb_table_lines(table)
     label = {"table": table.table}
     oldest = table.oldest_transaction.age_seconds if table.oldest_transaction else 0.0
     return [
@@ -200,6 +203,48 @@ def _table_lines(using: str | None) -> list[str]:
             [({}, round(oldest, 3))],
         ),
     ]
+
+
+def _innodb_table_lines(table: InnoDBTableHealth) -> list[str]:
+    """The InnoDB counterparts under the PostgreSQL names where the meaning carries over (sizes,
+    oldest transaction); no dead tuples (InnoDB has none), and the history list length, InnoDB's
+    purge lag, under its own name and only when the server lets it be read."""
+    label = {"table": table.table}
+    oldest = table.oldest_transaction.age_seconds if table.oldest_transaction else 0.0
+    out = [
+        *_family(
+            "ox_table_estimated_rows",
+            "gauge",
+            "Rows as InnoDB estimates them (information_schema.TABLES.TABLE_ROWS).",
+            [(label, table.estimated_rows)],
+        ),
+        *_family(
+            "ox_table_bytes",
+            "gauge",
+            "Size on disk: data (clustered index), secondary indexes, free in its tablespace, total data + indexes.",
+            [
+                ({**label, "part": "data"}, table.data_bytes),
+                ({**label, "part": "indexes"}, table.index_bytes),
+                ({**label, "part": "free"}, table.free_bytes),
+                ({**label, "part": "total"}, table.total_bytes),
+            ],
+        ),
+    ]
+    if table.history_list_length is not None:
+        out += _family(
+            "ox_innodb_history_list_length",
+            "gauge",
+            "Undo log records waiting for InnoDB purge (trx_rseg_history_len), server-wide.",
+            [({}, table.history_list_length)],
+        )
+    if table.transactions_visible:  # else unknown, which a 0 would misreport as "none open"
+        out += _family(
+            "ox_oldest_transaction_age_seconds",
+            "gauge",
+            "Age of the oldest open transaction on the server, which holds back InnoDB purge.",
+            [({}, round(oldest, 3))],
+        )
+    return out
 
 
 def _token() -> str:

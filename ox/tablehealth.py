@@ -4,7 +4,8 @@ versions that only VACUUM reclaims, and VACUUM cannot reclaim anything newer tha
 snapshot still open in the database, so one forgotten `idle in transaction` session bloats
 ox_task however well autovacuum is tuned.
 
-The dashboard reads `table_health()`: None on SQLite.
+The dashboard reads `table_health()`: None on SQLite; on MySQL/MariaDB the InnoDB figures of
+ox.tablehealth_innodb (sizes, purge lag, oldest transaction), a different dataclass.
 """
 
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from datetime import datetime
 from django.db import connections, router
 
 from ox.models import Task
+from ox.tablehealth_innodb import InnoDBTableHealth, innodb_table_health
 
 DEFAULT_MAX_XACT_AGE = 3600.0  # seconds; backends' OPTIONS HEALTH_MAX_XACT_AGE overrides
 
@@ -79,10 +81,12 @@ OLDEST_SQL = """
 
 def table_health(
     using: str | None = None, max_xact_age: float = DEFAULT_MAX_XACT_AGE, table: str = "ox_task"
-) -> TableHealth | None:
-    """Health of ox_task (or another ox table) on PostgreSQL; None on other databases.
-    `using`: a database alias (default: the router's read database for ox.Task)."""
+) -> TableHealth | InnoDBTableHealth | None:
+    """Health of ox_task (or another ox table) on PostgreSQL, InnoDB's on MySQL/MariaDB; None
+    on other databases. `using`: a database alias (default: the router's read database for ox.Task)."""
     conn = connections[using or router.db_for_read(Task)]
+    if conn.vendor == "mysql":
+        return innodb_table_health(conn, max_xact_age, table)
     if conn.vendor != "postgresql":
         return None
     with conn.cursor() as cursor:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,6 +179,8 @@ def table_stats() -> dict[str, int | None]:
                 file=None,
                 wal=None,
             )
+        if connection.vendor == "mysql":
+            return _innodb_stats(cursor)
         cursor.execute("PRAGMA page_count")
         pages = cursor.fetchone()[0]
         cursor.execute("PRAGMA page_size")
@@ -209,6 +212,35 @@ def table_stats() -> dict[str, int | None]:
         archive=None if archive is None else int(archive),
         file=pages * page_size,
         wal=wal.stat().st_size if wal.exists() else 0,
+    )
+
+
+def _innodb_stats(cursor: Any) -> dict[str, int | None]:
+    """MariaDB: sizes from InnoDB's statistics (refreshed as the table changes, not exact);
+    "dead" is the history list length, the undo records purge has yet to free (server-wide:
+    what MVCC keeps of old row versions, as dead tuples are on PostgreSQL)."""
+    cursor.execute(
+        "SELECT table_name, data_length, index_length FROM information_schema.tables"
+        " WHERE table_schema = DATABASE() AND table_name IN ('ox_task', 'ox_task_archive')"
+    )
+    sizes = {name: (int(data), int(index)) for name, data, index in cursor.fetchall()}
+    cursor.execute(
+        "SELECT SUM(stat_value) * @@innodb_page_size FROM mysql.innodb_index_stats WHERE database_name = DATABASE()"
+        " AND table_name = 'ox_task' AND index_name = 'ox_task_ready_claim' AND stat_name = 'size'"
+    )
+    ready = cursor.fetchone()[0]
+    cursor.execute("SELECT count FROM information_schema.innodb_metrics WHERE name = 'trx_rseg_history_len'")
+    history = cursor.fetchone()
+    table, indexes = sizes.get("ox_task", (0, 0))
+    return dict(
+        dead=None if history is None else int(history[0]),
+        vacuums=None,
+        table=table,
+        indexes=indexes,
+        ready=None if ready is None else int(ready),
+        archive=sum(sizes.get("ox_task_archive", (0, 0))),
+        file=None,
+        wal=None,
     )
 
 
@@ -561,7 +593,7 @@ RSS_MARGIN_KIB = 8 * 1024  # a fixed allowance: the allocator's arenas settle ov
 
 def bounded_metrics(vendor_name: str) -> dict[str, tuple[int, int]]:
     """metric -> (floor, cap) for the bounded-size checks on this database."""
-    if vendor_name == "postgresql":
+    if vendor_name in ("postgresql", "mysql"):
         return {m: (BOUND_FLOOR[m], CAP[m]) for m in BOUND_FLOOR}
     floors = {**BOUND_FLOOR, **BOUND_FLOOR_SQLITE}
     caps = {**CAP, **CAP_SQLITE}

@@ -289,7 +289,7 @@ def test_claim_reads_the_ready_index_per_queue_and_locks_what_it_takes() -> None
     assert plan.get("Actual Rows") == 10
 
 
-@pytest.mark.skipif(pg, reason="SQLite's plans; PostgreSQL's are checked above")
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's plans; PostgreSQL's are checked above")
 def test_sqlite_plans_search_the_ready_index() -> None:
     fill(5_000, -3600)
     fill_running_and_finished()

@@ -387,6 +387,7 @@ def test_only_the_modules_the_layout_names_run_raw_sql():
         "periodic.py",
         "prune.py",
         "tablehealth.py",
+        "tablehealth_innodb.py",
         "connection.py",
         "listener.py",
         "clock.py",

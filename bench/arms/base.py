@@ -48,7 +48,7 @@ class Arm:
         """A backlog of `total` no-argument calls in two statements, for the backlog cells (1M
         rows through the ORM would take longer than the measurement): one row written the
         arm's own way (`fill`), then copied total-1 times by one INSERT ... SELECT over
-        generate_series (SQLite: a recursive CTE). Copies differ only in the primary key: the
+        generate_series (SQLite, MariaDB: a recursive CTE). Copies differ only in the primary key: the
         template's UUID with its last 48 bits replaced by the copy's number, so ids stay unique
         and the time-ordered prefix of a UUIDv7 is kept. The caller holds the transaction."""
         if self.model.objects.exists():
@@ -64,6 +64,10 @@ class Arm:
             new_id = "overlay(src.{pk}::text placing lpad(to_hex(g), 12, '0') from 25)::uuid"
             source = "generate_series(1, %s) AS s(g)"
             prefix = ""
+        elif connection.vendor == "mysql":  # MariaDB's own UUID type (its text has the dashes)
+            new_id = "CAST(CONCAT(SUBSTR(CAST(src.{pk} AS CHAR), 1, 24), LOWER(LPAD(HEX(g), 12, '0'))) AS UUID)"
+            source = "s"
+            prefix = ""
         else:  # Django keeps a UUID on SQLite as 32 hex digits
             new_id = "substr(src.{pk}, 1, 20) || printf('%%012x', g)"
             source = "s"
@@ -73,7 +77,15 @@ class Arm:
             f"{prefix}INSERT INTO {table} ({', '.join(qn(c) for c in columns)})"
             f" SELECT {', '.join(exprs)} FROM {table} AS src CROSS JOIN {source}"
         )
+        if connection.vendor == "mysql":
+            statement = (
+                f"INSERT INTO {table} ({', '.join(qn(c) for c in columns)})"
+                " WITH RECURSIVE s(g) AS (SELECT 1 UNION ALL SELECT g + 1 FROM s WHERE g < %s)"
+                f" SELECT {', '.join(exprs)} FROM {table} AS src CROSS JOIN {source}"
+            )
         with connection.cursor() as cursor:
+            if connection.vendor == "mysql":  # the server's default stops a CTE at 1,000 rows
+                cursor.execute("SET SESSION max_recursive_iterations = %s", [total])
             cursor.execute(statement, [total - 1])
 
     # ---- reading progress (the queue's own table, never the task's say-so)

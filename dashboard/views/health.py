@@ -1,4 +1,4 @@
-"""Periodic schedules and the queue table's PostgreSQL health, each section its own partial."""
+"""Periodic schedules and the queue table's health (PostgreSQL's or InnoDB's), each section its own partial."""
 
 from datetime import datetime
 
@@ -36,5 +36,6 @@ def health(request: HttpRequest, now: datetime | None = None) -> HttpResponse:
         database = connections[router.db_for_read(Task)]  # the one table_health() reads
         context["database"] = database.display_name
         context["postgres"] = database.vendor == "postgresql"
+        context["innodb"] = database.vendor == "mysql"  # MariaDB, MySQL: InnoDB's figures instead
         context["table"] = table_health(max_xact_age=max_xact_age())
     return render_page(request, "dashboard/health.html", context, part or "live")

@@ -8,6 +8,7 @@ from django.db import DatabaseError
 from ox.enqueue import database_for
 from ox.health import Thresholds, check_health
 from ox.management.backends import add_backend_argument, ox_backend
+from ox.tablehealth_innodb import InnoDBTableHealth
 
 EXIT_HEALTHY = 0
 EXIT_UNHEALTHY = 1
@@ -58,7 +59,14 @@ class Command(BaseCommand):
                     f" oldest ready {q.oldest_ready_age:.1f}s"
                 )
             self.stdout.write(f"workers: {health.workers.alive} alive, {health.workers.stale} stale")
-            if health.table is not None:
+            if isinstance(health.table, InnoDBTableHealth):  # no dead tuples or autovacuum on InnoDB
+                t = health.table
+                history = "not available" if t.history_list_length is None else t.history_list_length
+                self.stdout.write(
+                    f"{t.table}: about {t.estimated_rows} rows, {t.total_bytes} bytes, {t.free_bytes} free,"
+                    f" history list length {history}"
+                )
+            elif health.table is not None:
                 t = health.table
                 self.stdout.write(
                     f"{t.table}: {t.live_tuples} live, {t.dead_tuples} dead tuples, {t.total_bytes} bytes,"
