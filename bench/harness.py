@@ -13,6 +13,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 from psycopg import sql
@@ -47,6 +48,7 @@ class Harness:
         self.mode = "quick" if args.quick else "full"
         self.arms = [a for a in ARM_NAMES if not args.arms or a in args.arms.split(",")]
         self.pg_base = args.pg_url.rstrip("/")
+        self.my_base = getattr(args, "mariadb_url", "mysql://root@127.0.0.1:3306").rstrip("/")
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         self.run_id = f"{stamp}-{self.mode}"
         self.out = Path(args.out) if args.out else BENCH / "results" / f"{self.run_id}.json"
@@ -62,6 +64,8 @@ class Harness:
     def db_url(self, arm: str, db: str) -> str:
         if db == "sqlite":
             return f"sqlite:///{VAR / 'sqlite' / (ARMS[arm][2] + '.sqlite3')}"
+        if db == "mariadb":
+            return f"{self.my_base}/{ARMS[arm][2]}"
         return f"{self.pg_base}/{ARMS[arm][2]}"
 
     def create_databases(self) -> None:
@@ -71,10 +75,35 @@ class Harness:
                 name = sql.Identifier(ARMS[arm][2])
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
+        if any(c.db == "mariadb" for c in self.plan):
+            self.create_mariadb_databases()
         (VAR / "sqlite").mkdir(parents=True, exist_ok=True)
         for arm in self.arms:
             for suffix in ("", "-wal", "-shm"):
                 Path(self.db_url(arm, "sqlite").removeprefix("sqlite:///") + suffix).unlink(missing_ok=True)
+
+    def create_mariadb_databases(self) -> None:
+        try:
+            import MySQLdb
+        except ImportError:
+            raise SystemExit("MariaDB cells need mysqlclient in bench/.venv (libmariadb-dev to build)") from None
+        url = urlsplit(self.my_base)
+        conn = MySQLdb.connect(
+            host=url.hostname or "127.0.0.1",
+            port=url.port or 3306,
+            user=url.username or "root",
+            password=url.password or "",
+            connect_timeout=5,
+        )
+        try:
+            cursor = conn.cursor()
+            for arm in self.arms:
+                name = ARMS[arm][2]
+                cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
+                # oxproject's MariaDB database: utf8mb4, binary collation (docs/databases.md)
+                cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+        finally:
+            conn.close()
 
     # ---------------------------------------------------------------- agents
     def agent(self, arm: str, job: str, params: dict[str, Any], db: str, timeout: float, label: str) -> dict:
@@ -118,6 +147,8 @@ class Harness:
         for arm in self.arms:
             arms_info[arm] = {}
             for db in dbs:
+                if db != "pg" and not any(c.db == db and arm in c.arms for c in self.plan):
+                    continue  # no cell of this arm on that database
                 res = self.agent(arm, "setup", {}, db, 300, f"setup-{arm}-{db}")
                 if not res["ok"]:
                     raise SystemExit(f"setting up {arm} on {db} failed:\n{res['error']}")
@@ -242,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cells", default="", help="comma-separated cell names to run (default: the whole plan)")
     parser.add_argument("--arms", default="", help=f"comma-separated subset of {','.join(ARM_NAMES)}")
     parser.add_argument("--pg-url", default=os.environ.get("BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432"))
+    parser.add_argument("--mariadb-url", default=os.environ.get("BENCH_MARIADB_URL", "mysql://root@127.0.0.1:3306"))
     parser.add_argument("--out", default="", help="results file (default: bench/results/<utc time>-<mode>.json)")
     parser.add_argument("--report", metavar="FILE", help="print the table of an existing results file and exit")
     args = parser.parse_args(argv)

@@ -23,10 +23,13 @@ Result = dict[str, Any]
 
 # ------------------------------------------------------------------ helpers
 def _ledger_ddl() -> str:
+    # task_key, not key: KEY is a reserved word on MariaDB.
     if connection.vendor == "postgresql":
-        columns = "id bigserial PRIMARY KEY, key integer, pid integer, t double precision"
+        columns = "id bigserial PRIMARY KEY, task_key integer, pid integer, t double precision"
+    elif connection.vendor == "mysql":
+        columns = "id bigint AUTO_INCREMENT PRIMARY KEY, task_key integer, pid integer, t double"
     else:
-        columns = "id integer PRIMARY KEY AUTOINCREMENT, key integer, pid integer, t real"
+        columns = "id integer PRIMARY KEY AUTOINCREMENT, task_key integer, pid integer, t real"
     return f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} ({columns})"
 
 
@@ -36,7 +39,7 @@ def _reset(arm: Arm) -> None:
 
 def _ledger(since_id: int = 0) -> list[tuple[int, int, int, float]]:
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT id, key, pid, t FROM {LEDGER_TABLE} WHERE id > %s ORDER BY id", [since_id])
+        cursor.execute(f"SELECT id, task_key, pid, t FROM {LEDGER_TABLE} WHERE id > %s ORDER BY id", [since_id])
         return list(cursor.fetchall())
 
 
@@ -57,6 +60,9 @@ def describe(arm: Arm, p: Params) -> Result:
         if connection.vendor == "postgresql":
             cursor.execute("SELECT version()")
             info["server_version"] = cursor.fetchone()[0]
+        elif connection.vendor == "mysql":
+            cursor.execute("SELECT version()")
+            info["server_version"] = "MariaDB " + cursor.fetchone()[0]
         else:
             cursor.execute("SELECT sqlite_version()")
             info["server_version"] = "SQLite " + cursor.fetchone()[0]
@@ -177,7 +183,7 @@ def dispatch(arm: Arm, p: Params) -> Result:
 
             def started(key: int = key, seen: list[float] = seen) -> bool:
                 with connection.cursor() as cursor:
-                    cursor.execute(f"SELECT t FROM {LEDGER_TABLE} WHERE key = %s", [key])
+                    cursor.execute(f"SELECT t FROM {LEDGER_TABLE} WHERE task_key = %s", [key])
                     row = cursor.fetchone()
                 if row:
                     seen.append(row[0])

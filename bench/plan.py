@@ -24,7 +24,7 @@ class Cell:
     metrics: tuple[Metric, ...]
     params: dict[str, Any] = field(default_factory=dict)
     reps: int = 1
-    db: str = "pg"  # pg | sqlite
+    db: str = "pg"  # pg | sqlite | mariadb
     arms: tuple[str, ...] = ARM_NAMES
     timeout: float = 900.0  # seconds the harness gives one agent job
     # (series, axis, x): cells of one series are also printed side by side, each over the
@@ -403,6 +403,9 @@ def build(mode: str) -> list[Cell]:
     cells += backlog_cells(quick) + scaling_cells(quick)
     if not quick:
         cells += flow_cells()
+    from bench.plan_mariadb import mariadb_cells  # it builds on this module's metrics
+
+    cells += mariadb_cells(quick)
     cells.append(
         Cell(
             "kill",

@@ -33,6 +33,9 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = dict(SQLITE_OPTIONS)
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
+    # oxproject's MariaDB settings, the same for every arm.
+    DATABASES["default"]["OPTIONS"] = {"charset": "utf8mb4", "isolation_level": "read committed"}
 elif os.environ.get("BENCH_POOL") == "1":
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django refuses a pool with a persistent connection
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = True

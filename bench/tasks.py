@@ -17,7 +17,7 @@ def record(key: int, at: float) -> None:
     harness reads completions from the queue's own table; the ledger only answers "when did
     this run start" and "did it run twice"."""
     with connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {LEDGER_TABLE} (key, pid, t) VALUES (%s, %s, %s)", [key, os.getpid(), at])
+        cursor.execute(f"INSERT INTO {LEDGER_TABLE} (task_key, pid, t) VALUES (%s, %s, %s)", [key, os.getpid(), at])
 
 
 def sha_rounds(rounds: int) -> None:
