@@ -101,7 +101,7 @@ class Harness:
                 name = ARMS[arm][2]
                 cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
                 # oxproject's MariaDB database: utf8mb4, binary collation (docs/databases.md)
-                cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+                cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin")
         finally:
             conn.close()
 

@@ -7,7 +7,7 @@ MARIADB_ARMS = ("ox", "django-ox")  # django-ox runs on MySQL/MariaDB too; the p
 
 
 def mariadb_cells(quick: bool) -> list[Cell]:
-    """The enqueue, drain, dispatch and kill cells on MariaDB (utf8mb4_bin, READ COMMITTED,
+    """The enqueue, drain, dispatch and kill cells on MariaDB (utf8mb4_nopad_bin, READ COMMITTED,
     oxproject's settings for every arm), ox against django-ox."""
     n = 500 if quick else 10_000
     on = " on MariaDB (READ COMMITTED, utf8mb4)"

@@ -13,6 +13,7 @@ from django.tasks import TaskResult
 from django.tasks.signals import task_enqueued
 
 from ox import clock, sql
+from ox.db import driver
 from ox.flow.unique import DuplicateTask, ExistingTaskResult, as_existing, limit_key
 from ox.ids import uuid7
 from ox.jsoncheck import jsonable
@@ -93,6 +94,13 @@ def insert_or_find(conn: Any, row: sql.NewTask) -> "uuid.UUID | None":
             return holder
         # The holder finished (or was pruned) between the INSERT and the SELECT: go again.
     raise DatabaseError(f"could not enqueue {row.task_path}: its unique key kept changing hands")
+
+
+def _lost_a_race(conn: Any, exc: DatabaseError) -> bool:
+    """InnoDB: producers waiting on a unique key its holder just let go of deadlock with each
+    other, and all but one are rolled back; trying again then finds the key held (or free).
+    Elsewhere an insert waits for the holder and decides: never this error."""
+    return driver(conn).deadlocked(exc)
 
 
 def duplicate_result(backend: "OxBackend", task: DjangoTask, holder: "uuid.UUID") -> ExistingTaskResult:
@@ -182,6 +190,22 @@ def enqueue_many(
 
 
 def _enqueue_unique(backend: "OxBackend", task: DjangoTask, conn: Any, rows: list[sql.NewTask]) -> list[TaskResult]:
+    """The batch in one transaction. Where ox's transaction is the outermost, one rolled back
+    by a deadlock between producers of the same keys (InnoDB: _lost_a_race) is run again;
+    inside the caller's atomic() that rolled back the caller's work too, and is raised."""
+    outermost = not conn.in_atomic_block
+    for attempt in range(UNIQUE_TRIES):
+        try:
+            return _enqueue_unique_once(backend, task, conn, rows)
+        except DatabaseError as exc:
+            if not outermost or attempt == UNIQUE_TRIES - 1 or not _lost_a_race(conn, exc):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _enqueue_unique_once(
+    backend: "OxBackend", task: DjangoTask, conn: Any, rows: list[sql.NewTask]
+) -> list[TaskResult]:
     out: list[TaskResult | uuid.UUID] = []
     fresh: list[TaskResult] = []
     first: dict[str, uuid.UUID] = {}  # key -> the task that holds it for this batch

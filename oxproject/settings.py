@@ -188,7 +188,7 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
         "isolation_level": "read committed",
         **DATABASES["default"].get("OPTIONS", {}),
     }
-    DATABASES["default"]["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"}
+    DATABASES["default"]["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_nopad_bin"}
 elif env_bool("DATABASE_POOL", False):
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = True

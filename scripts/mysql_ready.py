@@ -22,7 +22,7 @@ try:
     )
     if name:
         conn.cursor().execute(
-            f"CREATE DATABASE IF NOT EXISTS `{name.replace('`', '``')}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+            f"CREATE DATABASE IF NOT EXISTS `{name.replace('`', '``')}` CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin"
         )
     conn.close()
 except MySQLdb.Error:

@@ -7,8 +7,7 @@ import json
 import threading
 import time
 import uuid
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, connections
@@ -19,7 +18,7 @@ from ox.db import driver
 from ox.db.rows import NewTask
 from ox.flow import gate
 from ox.ids import uuid7
-from ox.models import Attempt, Status, Task
+from ox.models import Attempt, Status, Task, Worker
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -111,39 +110,126 @@ def test_concurrent_unique_enqueues_while_the_holder_completes_neither_raise():
     task whose completion (status SUCCESSFUL: unique_held becomes NULL, its index entry
     deleted) is in flight while three producers enqueue the same key: on InnoDB the waiters
     all take a shared lock on the deleted entry, then deadlock inserting (1213)."""
-    key = "c" * 64
-    first = _row(key)
-    assert sql.insert_unique(connection, first)
-    (c,) = _claim(connection, 1)
-    completer = connections.create_connection("default")
-    rows = [_row(key) for _ in range(3)]
-    results: list[object] = []
-    try:
-        completer.ensure_connection()
+    errors: list[object] = []
+    for round_ in range(10):
+        key = f"{round_}" * 64
+        assert sql.insert_unique(connection, _row(key, queue=f"q{round_}"))
         now = clock.db_now(connection)
-        with sql.transaction(completer):
-            assert sql.complete(completer, [sql.Completion(c.id, c.fence, "1", now, now)]) == {(c.id, c.fence)}
+        (c,) = sql.claim(connection, "w", [f"q{round_}"], (1, 0), now, now + timedelta(seconds=60))
+        completer = connections.create_connection("default")
+        rows = [_row(key) for _ in range(4)]
+        results: list[object] = []
+        try:
+            completer.ensure_connection()
+            now = clock.db_now(connection)
+            with sql.transaction(completer):
+                assert sql.complete(completer, [sql.Completion(c.id, c.fence, "1", now, now)]) == {(c.id, c.fence)}
 
-            def enqueue(row):
-                conn = connections.create_connection("default")
-                try:
-                    results.append(sql.insert_unique(conn, row))
-                except Exception as exc:  # noqa: BLE001
-                    results.append(exc)
-                finally:
-                    conn.close()
+                def enqueue(row, results=results):
+                    conn = connections.create_connection("default")
+                    try:
+                        results.append(sql.insert_unique(conn, row))
+                    except Exception as exc:  # noqa: BLE001
+                        results.append(exc)
+                    finally:
+                        conn.close()
 
-            threads = [threading.Thread(target=enqueue, args=(r,)) for r in rows]
+                threads = [threading.Thread(target=enqueue, args=(r,)) for r in rows]
+                for t in threads:
+                    t.start()
+                time.sleep(0.5)  # the three wait on the completion's lock of the key
             for t in threads:
-                t.start()
-            time.sleep(1.0)  # the three wait on the completion's lock of the key
-        for t in threads:
-            t.join(30)
-    finally:
-        completer.close()
-    errors = [r for r in results if isinstance(r, Exception)]
-    assert not errors, f"an enqueue of a released key raised: {errors!r}"
-    assert sorted(results) == [False, False, True]
+                t.join(30)
+        finally:
+            completer.close()
+        errors += [r for r in results if isinstance(r, Exception)]
+        if not errors:
+            assert sorted(results) == [False, False, False, True]
+    assert not errors, f"enqueues of a released key raised: {errors!r}"
+
+
+def test_unique_enqueue_through_the_task_api_never_raises_while_the_holder_completes():
+    """Promise: enqueueing a unique task whose key another task holds returns that task's
+    result (or enqueues it, once the holder has released the key); it does not fail. Through
+    the public API (Task.enqueue), several producers enqueueing a key while its holder's
+    completion commits get InnoDB deadlock errors raised out of enqueue()."""
+    from tests import flow_tasks
+
+    errors: list[object] = []
+    for round_ in range(5):
+        customer = f"acme-{round_}"
+        holder = flow_tasks.unique_customer.enqueue(customer)
+        now = clock.db_now(connection)
+        (c,) = driver(connection).set_running(connection, "w", [uuid.UUID(holder.id).hex], now + timedelta(seconds=60))
+        completer = connections.create_connection("default")
+        results: list[object] = []
+
+        def enqueue(results=results, customer=customer):
+            try:
+                results.append(flow_tasks.unique_customer.enqueue(customer).id)
+            except Exception as exc:  # noqa: BLE001
+                results.append(exc)
+            finally:
+                connections.close_all()
+
+        try:
+            completer.ensure_connection()
+            with sql.transaction(completer):
+                sql.complete(completer, [sql.Completion(c.id, c.fence, '"done"', now, now)])
+                threads = [threading.Thread(target=enqueue) for _ in range(3)]
+                for t in threads:
+                    t.start()
+                time.sleep(0.5)
+            for t in threads:
+                t.join(30)
+        finally:
+            completer.close()
+        errors += [r for r in results if isinstance(r, Exception)]
+    assert not errors, f"enqueue() raised: {errors!r}"
+
+
+def test_unique_enqueue_many_never_raises_while_the_holder_completes():
+    """Promise: the batch form (ox.enqueue_many of a unique task, one transaction of ox's)
+    does not fail either: a batch whose transaction InnoDB rolled back as a deadlock victim
+    is run again whole (ox.enqueue._enqueue_unique), and every key ends with one holder."""
+    import ox
+    from tests import flow_tasks
+
+    errors: list[object] = []
+    for round_ in range(5):
+        customers = [f"bulk-{round_}-{i}" for i in range(3)]
+        holders = [flow_tasks.unique_customer.enqueue(c) for c in customers]
+        now = clock.db_now(connection)
+        claimed = driver(connection).set_running(
+            connection, "w", [uuid.UUID(h.id).hex for h in holders], now + timedelta(seconds=60)
+        )
+        completer = connections.create_connection("default")
+        results: list[object] = []
+
+        def enqueue_batch(results=results, customers=customers):
+            try:
+                results.append(len(ox.enqueue_many(flow_tasks.unique_customer, [((c,), {}) for c in customers])))
+            except Exception as exc:  # noqa: BLE001
+                results.append(exc)
+            finally:
+                connections.close_all()
+
+        try:
+            completer.ensure_connection()
+            with sql.transaction(completer):
+                sql.complete(completer, [sql.Completion(c.id, c.fence, '"done"', now, now) for c in claimed])
+                threads = [threading.Thread(target=enqueue_batch) for _ in range(3)]
+                for t in threads:
+                    t.start()
+                time.sleep(0.5)
+            for t in threads:
+                t.join(30)
+        finally:
+            completer.close()
+        errors += [r for r in results if isinstance(r, Exception)]
+        for c in customers:  # the finished holder released the key: one new task holds it
+            assert Task.objects.filter(status=Status.READY, kwargs__isnull=False, args=[c]).count() == 1
+    assert not errors, f"enqueue_many() raised: {errors!r}"
 
 
 def test_a_refused_duplicate_inside_atomic_keeps_the_callers_earlier_writes():
@@ -198,6 +284,19 @@ def test_key_concurrency_holds_for_keys_that_differ_by_trailing_spaces():
     assert running == Counter({"acct": 1, "acct ": 1})
 
 
+@pytest.mark.parametrize("other", ["DEFAULT", "Default", "défault", "default "])
+def test_queue_names_compare_binary_in_the_claims_walk(other):
+    """Promise: queue names compare as on PostgreSQL (binary): a worker of queue 'DEFAULT'
+    never claims, nor waits for, tasks of queue 'default'. The walk's seeds are
+    CAST(%s AS CHAR), whose collation is the connection's (utf8mb4_general_ci by default).
+    'default ' (a trailing space) fails: utf8mb4_bin is PAD SPACE on MariaDB."""
+    sql.insert_tasks(connection, [_row()])
+    now = clock.db_now(connection)
+    assert sql.claim(connection, "w", [other], (1, 1), now, now + timedelta(seconds=60)) == []
+    assert sql.earliest_ready(connection, [other]) is None
+    assert driver(connection).levels(connection, [other]) == {}
+
+
 def test_limit_key_with_trailing_space_is_stored_as_given():
     """Promise: what is enqueued is stored as given (a limit key with a trailing space reads
     back with it; a PAD SPACE comparison finds both keys' tasks by either name)."""
@@ -236,8 +335,8 @@ def test_completion_keeps_microseconds_and_utc():
     """Promise: datetimes are UTC with microseconds, through the JSON_TABLE payloads of
     complete and renew as through the ORM."""
     (c,) = _enqueue_and_claim()
-    started = datetime(2026, 3, 4, 5, 6, 7, 123456, tzinfo=dt_timezone.utc)
-    finished = datetime(2026, 3, 4, 5, 6, 8, 1, tzinfo=dt_timezone.utc)
+    started = datetime(2026, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
+    finished = datetime(2026, 3, 4, 5, 6, 8, 1, tzinfo=UTC)
     sql.renew(connection, [(c.id, c.fence, started)], finished + timedelta(seconds=60))
     sql.complete(connection, [sql.Completion(c.id, c.fence, "null", started, finished)])
     t = Task.objects.get(pk=c.id)
@@ -256,7 +355,7 @@ def test_completion_with_a_non_utc_session_time_zone_still_writes_utc():
         now = clock.db_now(connection)
         sql.complete(connection, [sql.Completion(c.id, c.fence, "1", now, now)])
         t = Task.objects.get(pk=c.id)
-        assert abs((t.finished_at - datetime.now(dt_timezone.utc)).total_seconds()) < 120
+        assert abs((t.finished_at - datetime.now(UTC)).total_seconds()) < 120
     finally:
         with connection.cursor() as cursor:
             cursor.execute("SET time_zone = SYSTEM")
@@ -401,8 +500,10 @@ def test_a_deadlock_victims_ox_transaction_is_not_continued():
                 oc.execute("START TRANSACTION")
                 # heavier than mine: InnoDB picks the transaction that wrote less as its victim
                 oc.execute("UPDATE ox_task SET priority = 3 WHERE id = %s", [b.id.hex])
-                oc.execute("INSERT INTO ox_queue (name, paused, overrides, limited, updated_by)"
-                           " VALUES ('dl1', 0, '{}', 0, ''), ('dl2', 0, '{}', 0, ''), ('dl3', 0, '{}', 0, '')")
+                oc.execute(
+                    "INSERT INTO ox_queue (name, paused, overrides, limited, updated_by)"
+                    " VALUES ('dl1', 0, '{}', 0, ''), ('dl2', 0, '{}', 0, ''), ('dl3', 0, '{}', 0, '')"
+                )
                 locked.set()
                 go.wait(10)
                 oc.execute("SELECT id FROM ox_task WHERE id = %s FOR UPDATE", [a.id.hex])
@@ -437,3 +538,162 @@ def test_a_deadlock_victims_ox_transaction_is_not_continued():
             assert cursor.fetchone()[0] == 0
     finally:
         mine.close()
+
+
+def test_a_worker_reconnecting_while_its_old_session_still_holds_its_lock_keeps_trying():
+    """Promise: nothing a step meets ends the worker; a lost connection means reconnect
+    and carry on. On MariaDB the old session (a partition the server has not noticed yet:
+    ox sets no server-side keepalive there) can still hold the worker's named lock: the
+    reconnect's GET_LOCK(…, 10) then returns 0 and hold_worker_lock raises RuntimeError,
+    which the reconnect loop (OperationalError/InterfaceError only) does not retry: the
+    worker ends instead of waiting for its old session to go."""
+    from types import SimpleNamespace
+
+    from django.db import OperationalError
+
+    from ox.worker import Worker
+
+    lock_key = 424242
+    zombie = open_worker_connection("default")
+    sql.hold_worker_lock(zombie, lock_key)
+    worker = Worker.__new__(Worker)
+    worker.alias, worker.lock_key, worker.id = "default", lock_key, "reconnecting-w"
+    worker.options = SimpleNamespace(pooled=False)
+    worker.conn, worker.stopping, worker.stop_deadline = None, False, None
+    outcome: list[object] = []
+
+    def reconnect():
+        try:
+            worker._reconnect(OperationalError(2013, "Lost connection to server during query"))
+            outcome.append("reconnected")
+        except BaseException as exc:  # noqa: BLE001
+            outcome.append(exc)
+        finally:
+            if worker.conn is not None:
+                worker.conn.close()
+
+    t = threading.Thread(target=reconnect)
+    started = time.monotonic()
+    t.start()
+    t.join(30)
+    took = time.monotonic() - started
+    assert outcome == ["reconnected"], outcome
+    # Not by waiting for the old session to go (it would hold the lock for wait_timeout):
+    # the reconnect ended it, and took the lock at once.
+    assert took < 5, f"the reconnect took {took:.1f} s"
+    try:
+        zombie.close()
+    except Exception:  # noqa: BLE001  (its session was ended under it)
+        pass
+
+
+def test_a_connection_killed_mid_transaction_commits_nothing_and_leaves_no_transaction_flagged():
+    """Promise: a lost connection mid-transaction writes nothing of the operation (the server
+    rolls it back), and the wrapper is not left believing an ox transaction is open (its next
+    operation on a reconnect must open a transaction of its own, not join a dead one)."""
+    (c,) = _enqueue_and_claim()
+    victim = connections.create_connection("default")
+    victim.ensure_connection()
+    with victim.cursor() as cursor:
+        cursor.execute("SELECT CONNECTION_ID()")
+        (conn_id,) = cursor.fetchone()
+    now = clock.db_now(connection)
+    with pytest.raises(Exception):  # noqa: B017,PT011
+        with sql.transaction(victim) as cursor:
+            cursor.execute("UPDATE ox_task SET priority = 9 WHERE id = %s", [c.id.hex])
+            with connection.cursor() as killer:
+                killer.execute("KILL %s", [conn_id])
+            time.sleep(0.2)
+            sql.complete(victim, [sql.Completion(c.id, c.fence, "1", now, now)])
+    assert not getattr(victim, "_ox_transaction_open", False)
+    t = Task.objects.get(pk=c.id)
+    assert (t.status, t.priority) == (Status.RUNNING, 0)
+    victim.close()
+
+
+def test_concurrent_rescuers_rescue_each_lost_task_once():
+    """Promise: two rescuers never rescue one task (SKIP LOCKED): every lost task of a dead
+    worker is taken back once, with one 'lost' attempt and one fence step, however many
+    rescuers run at once; nothing deadlocks."""
+    worker_conn = open_worker_connection("default")
+    lock_key = 987654
+    now = clock.db_now(connection)
+    sql.hold_worker_lock(worker_conn, lock_key)
+    sql.register_worker(worker_conn, sql.WorkerRow("dead-w", "h", 1, ["default"], 1, lock_key, now))
+    sql.insert_tasks(connection, [_row() for _ in range(60)])
+    claimed = _claim(worker_conn, 60, worker="dead-w")
+    assert len(claimed) == 60
+    worker_conn.close()
+    from tests.helpers import wait_until
+
+    wait_until(
+        lambda: (
+            sql.rescue_and_mark(connection, clock.db_now(connection), liveness_grace=0.0)[1]
+            or Worker.objects.filter(id="dead-w", lock_lost_at__isnull=False).exists()
+        ),
+        10,
+    )
+    time.sleep(0.05)
+    out: list[object] = []
+    start = threading.Barrier(4)
+
+    def rescuer():
+        conn = connections.create_connection("default")
+        try:
+            start.wait(10)
+            out.extend(sql.rescue(conn, clock.db_now(conn), liveness_grace=0.0))
+        except Exception as exc:  # noqa: BLE001
+            out.append(exc)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=rescuer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    errors = [r for r in out if isinstance(r, Exception)]
+    assert not errors, errors
+    assert sorted(r[0] for r in out) == sorted(c.id for c in claimed)
+    assert Attempt.objects.filter(outcome="lost").count() == 60
+    assert set(Task.objects.values_list("status", flat=True)) == {Status.READY}
+    fences = dict(Task.objects.values_list("id", "fence"))
+    assert all(fences[c.id] == c.fence + 1 for c in claimed)
+
+
+def test_concurrent_slot_takers_never_hold_more_slots_than_there_are():
+    """Promise: a queue's concurrency limit holds under concurrent workers: slots taken at
+    once by many workers (FOR UPDATE SKIP LOCKED, then UPDATE by id on MariaDB) are never
+    held by two, and their sum never exceeds the queue's slots; nothing deadlocks."""
+    from ox.flow import slots
+
+    slots.size(connection, "default", 5)
+    out: dict[str, list[int]] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def taker(name):
+        conn = connections.create_connection("default")
+        try:
+            start.wait(10)
+            for _ in range(5):
+                now = clock.db_now(conn)
+                out.setdefault(name, []).extend(slots.take(conn, name, "default", 3, now, now + timedelta(seconds=60)))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=taker, args=(f"sw{i}",)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    taken = [n for ns in out.values() for n in ns]
+    assert sorted(taken) == sorted(set(taken)) and len(taken) <= 5
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT worker_id, n FROM ox_slot WHERE queue = 'default' AND worker_id <> ''")
+        held = cursor.fetchall()
+    assert sorted(n for _w, n in held) == sorted(taken)
+    assert all(n in out[w] for w, n in held)

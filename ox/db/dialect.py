@@ -98,6 +98,10 @@ class Dialect:
             setattr(conn, _OPEN, False)
             cursor.execute("RELEASE SAVEPOINT ox_sql" if nested else "COMMIT")
 
+    def deadlocked(self, exc: BaseException) -> bool:
+        """Whether a statement failed as a deadlock victim (its transaction rolled back)."""
+        return False
+
     def update_returning(
         self,
         conn: BaseDatabaseWrapper,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
-from django.db import IntegrityError
+from django.db import DatabaseError, IntegrityError, OperationalError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox.db.base import LOST_TRACEBACK, Held
@@ -30,6 +30,12 @@ _HELD = (
     "JSON_TABLE(%s, '$[*]' COLUMNS (id CHAR(36) PATH '$[0]', fence BIGINT PATH '$[1]',"
     " st DATETIME(6) PATH '$[2]')) AS v"
 )
+
+
+# Lock name -> the session (CONNECTION_ID) of this process that last took it: a worker's
+# reconnect (a new connection) can tell its own previous session still holding its lock.
+_lock_sessions: dict[str, int] = {}
+DEADLOCK_TRIES = 10
 
 
 def lock_prefix(conn: BaseDatabaseWrapper) -> str:
@@ -67,6 +73,9 @@ class MysqlDriver(MysqlClaims):
 
     def upsert(self, conflict: Sequence[str], update: Sequence[str]) -> str:
         return " ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in update)
+
+    def deadlocked(self, exc: BaseException) -> bool:
+        return bool(getattr(exc, "args", None)) and exc.args[0] == 1213  # ER_LOCK_DEADLOCK
 
     def update_returning(
         self,
@@ -234,14 +243,24 @@ class MysqlDriver(MysqlClaims):
         """A duplicate key is refused by ox_task_unique (its error is a statement's only: the
         caller's transaction goes on, and nothing of this row was written)."""
         sql, params = self.one_row(conn, row)
-        try:
-            with conn.cursor() as cursor:
-                cursor.execute(sql, params)
-        except IntegrityError as error:
-            if "ox_task_unique" in str(error):
-                return False
-            raise
-        return True
+        for attempt in range(DEADLOCK_TRIES):
+            try:
+                with conn.cursor() as cursor:
+                    cursor.execute(sql, params)
+            except IntegrityError as error:
+                if "ox_task_unique" in str(error):
+                    return False
+                raise
+            except OperationalError as error:
+                # Inserts waiting on a key its holder lets go of deadlock with each other
+                # (each took a shared lock on the key, each wants it exclusively); the victim,
+                # in autocommit, lost only this statement: again. Inside a transaction the
+                # victim's whole transaction is gone: the caller's to retry (ox.enqueue).
+                if conn.in_atomic_block or attempt == DEADLOCK_TRIES - 1 or not self.deadlocked(error):
+                    raise
+                continue
+            return True
+        raise AssertionError("unreachable")
 
     def holder_of(self, conn: BaseDatabaseWrapper, key: str) -> uuid.UUID | None:
         with conn.cursor() as cursor:
@@ -268,10 +287,25 @@ class MysqlDriver(MysqlClaims):
 
     # ------------------------------------------------------------------ liveness and rescue
     def hold_worker_lock(self, conn: BaseDatabaseWrapper, lock_key: int) -> None:
+        """Take the worker's named lock on this (new) session. After a network break the
+        server may keep the worker's previous session, and the lock with it, for as long as
+        its wait_timeout (hours): a session of this worker's that still holds it is ended
+        (KILL, allowed on one's own user's sessions). Not got: an OperationalError, which
+        the worker's reconnect loop retries."""
+        name = lock_name(conn, lock_key)
         with conn.cursor() as cursor:
-            cursor.execute("SELECT GET_LOCK(%s, 10)", [lock_name(conn, lock_key)])
+            cursor.execute("SELECT IS_USED_LOCK(%s), CONNECTION_ID()", [name])
+            holder, me = cursor.fetchone()
+            previous = _lock_sessions.get(name)
+            if holder is not None and holder != me and holder == previous:
+                try:
+                    cursor.execute("KILL CONNECTION %s", [int(holder)])
+                except DatabaseError:
+                    pass  # gone meanwhile, or not ours to end: GET_LOCK below says
+            cursor.execute("SELECT GET_LOCK(%s, 10)", [name])
             if cursor.fetchone()[0] != 1:
-                raise RuntimeError(f"could not take the worker's lock {lock_name(conn, lock_key)!r}")
+                raise OperationalError(f"could not take the worker's lock {name!r}: another session holds it")
+            _lock_sessions[name] = int(me)
 
     def rescue_and_mark(
         self, conn: BaseDatabaseWrapper, now: datetime, max_lost: int, liveness_grace: float
