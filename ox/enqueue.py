@@ -96,13 +96,6 @@ def insert_or_find(conn: Any, row: sql.NewTask) -> "uuid.UUID | None":
     raise DatabaseError(f"could not enqueue {row.task_path}: its unique key kept changing hands")
 
 
-def _lost_a_race(conn: Any, exc: DatabaseError) -> bool:
-    """InnoDB: producers waiting on a unique key its holder just let go of deadlock with each
-    other, and all but one are rolled back; trying again then finds the key held (or free).
-    Elsewhere an insert waits for the holder and decides: never this error."""
-    return driver(conn).deadlocked(exc)
-
-
 def duplicate_result(backend: "OxBackend", task: DjangoTask, holder: "uuid.UUID") -> ExistingTaskResult:
     """The answer to a duplicate enqueue: the holder's result, or DuplicateTask."""
     existing = as_existing(backend.get_result(str(holder)))
@@ -190,15 +183,17 @@ def enqueue_many(
 
 
 def _enqueue_unique(backend: "OxBackend", task: DjangoTask, conn: Any, rows: list[sql.NewTask]) -> list[TaskResult]:
-    """The batch in one transaction. Where ox's transaction is the outermost, one rolled back
-    by a deadlock between producers of the same keys (InnoDB: _lost_a_race) is run again;
-    inside the caller's atomic() that rolled back the caller's work too, and is raised."""
+    """The batch in one transaction. InnoDB: producers waiting on a unique key its holder just
+    let go of deadlock with each other, and all but one are rolled back (elsewhere an insert
+    waits for the holder and decides). Where ox's transaction is the outermost, a victim's is
+    run again and then finds the key held (or free); inside the caller's atomic() the
+    caller's work was rolled back too, and the error is raised."""
     outermost = not conn.in_atomic_block
     for attempt in range(UNIQUE_TRIES):
         try:
             return _enqueue_unique_once(backend, task, conn, rows)
         except DatabaseError as exc:
-            if not outermost or attempt == UNIQUE_TRIES - 1 or not _lost_a_race(conn, exc):
+            if not outermost or attempt == UNIQUE_TRIES - 1 or not driver(conn).deadlocked(exc):
                 raise
     raise AssertionError("unreachable")
 

@@ -3,8 +3,8 @@ makes each tick fire once.
 
 Firing a tick is one transaction on the worker's connection: INSERT the tick row unless it
 exists (ON CONFLICT DO NOTHING; on MariaDB that one statement's duplicate-key error), and
-only if that inserted a row, INSERT the task. The worker that
-loses the race inserts nothing and enqueues nothing; a rolled-back enqueue leaves no tick.
+only if that inserted a row, INSERT the task. The worker that loses the race inserts
+nothing and enqueues nothing; a rolled-back enqueue leaves no tick.
 
 Missed ticks (no worker ran at the time): when a worker finds the latest due tick was not
 fired, it fires that one tick once, however late, and records on its row how many older

@@ -88,11 +88,12 @@ def take(
 def renew(conn: BaseDatabaseWrapper, worker_id: str, expires_at: datetime) -> dict[str, set[int]]:
     """Extend this worker's leases; queue -> the slots it still holds (one taken over after
     its lease ran out, or deleted by a lower limit, is not among them)."""
-    rows = driver(conn).update_returning(
+    d = driver(conn)
+    rows = d.update_returning(
         conn,
         "ox_slot",
         "expires_at = %s",
-        [driver(conn).ts(conn, expires_at)],
+        [d.ts(conn, expires_at)],
         "worker_id = %s",
         [worker_id],
         "queue, n",
