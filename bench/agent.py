@@ -8,6 +8,7 @@ database. The agent prints exactly one line starting with RESULT_MARK: the job's
 import json
 import sys
 import traceback
+from importlib import import_module
 
 RESULT_MARK = "BENCH-RESULT "
 
@@ -22,7 +23,11 @@ def main() -> None:
         from bench.arms import load
 
         registry = {**jobs.JOBS, **scale.JOBS}
-        result = registry[job["job"]](load(job["arm"]), job.get("params", {}))
+        arm = load(job["arm"])
+        if job["job"] in arm.job_overrides:  # an arm that is not a Django backend (pgqueuer)
+            module, name = arm.job_overrides[job["job"]].split(":")
+            registry[job["job"]] = getattr(import_module(module), name)
+        result = registry[job["job"]](arm, job.get("params", {}))
         out = {"ok": True, "result": result}
     except Exception:  # report every failure to the harness, which records it and goes on
         out = {"ok": False, "error": traceback.format_exc()}

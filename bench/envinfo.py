@@ -13,7 +13,19 @@ from typing import Any
 import psycopg
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("Django", "django-ox", "django-tasks-db", "psycopg", "psycopg-binary", "psycopg-pool", "asgiref")
+PACKAGES = (
+    "Django",
+    "django-ox",
+    "django-tasks-db",
+    "pgqueuer",
+    "asyncpg",  # pgqueuer's workers' driver
+    "uvloop",  # their event loop, as `pgq run` picks it
+    "procrastinate",
+    "psycopg",
+    "psycopg-binary",
+    "psycopg-pool",
+    "asgiref",
+)
 PG_SETTINGS = (
     "max_connections",
     "shared_buffers",

@@ -43,7 +43,7 @@ class Fleet:
         argv = [
             sys.executable,
             "-m",
-            "bench.launch",
+            self.arm.launcher,
             *self.arm.worker_argv(concurrency, ident, self.interval, self.queue),
         ]
         count_file = self.log_dir / f"{ident}.sql.json"

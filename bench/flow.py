@@ -83,6 +83,7 @@ def drain_once(arm: Arm, p: Params, v: Params) -> Result:
     n = p["n"]
     env = {**p.get("worker_env", {}), "BENCH_OX_LIMITS": json.dumps(v.get("limits") or {})}
     fleet = Fleet(arm, {**p, "worker_env": env})
+    p = {**p, "task": v.get("task", p.get("task", "noop"))}  # a variant may run a task of its own
     fill = _fill(p)
     try:
         fleet.start_all(v["processes"], v["concurrency"])

@@ -21,7 +21,7 @@ from psycopg import sql
 from bench import envinfo, procs, report
 from bench.agent import RESULT_MARK
 from bench.arms import ARM_NAMES, ARMS
-from bench.plan import Cell, build
+from bench.plan import Cell, Metric, build
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -175,8 +175,16 @@ class Harness:
 
     def run_cell(self, index: int, cell: Cell) -> None:
         arms = [a for a in self.arms if a in cell.arms]
+        # Selected arms that do not run this cell say why (in the printout and in the results),
+        # rather than going missing from it.
+        cannot = {a: why for a, why in cell.cannot_run.items() if a in self.arms and a not in arms}
+        for arm, why in cannot.items():
+            print(f"  {arm}: {why}")
         if not arms:
             print("  (no selected arm runs this cell)")
+            if cannot:
+                for metric in cell.metrics:
+                    self.doc["cells"].append({**self.cell_entry(cell, metric), "cannot_run": cannot})
             return
         samples: dict[str, dict[str, list[float]]] = {a: {} for a in arms}
         for rep in range(cell.reps):
@@ -217,25 +225,34 @@ class Harness:
                     kept = samples[arm].setdefault(metric.key, [])
                     kept.extend(value if isinstance(value, list) else [value])
         for metric in cell.metrics:
-            entry = {
-                "name": cell.name,
-                "metric": metric.name,
-                "unit": metric.unit,
-                "higher_is_better": metric.higher_is_better,
-                "stat": metric.stat,
-                "db": cell.db,
-                "about": cell.about,
-                "arms": {},
-            }
-            if cell.series is not None:
-                name, axis, x = cell.series
-                entry["series"] = {"name": name, "axis": axis, "x": x}
+            entry = self.cell_entry(cell, metric)
+            if cannot:
+                entry["cannot_run"] = cannot
             for arm in arms:
                 kept = samples[arm].get(metric.key, [])
                 entry["arms"][arm] = {"samples": kept, "value": report.summarize(kept, metric.stat)}
             ours = entry["arms"].get(report.OURS, {}).get("value")
             entry["ratios"] = {a: report.ratio(ours, entry["arms"][a]["value"]) for a in arms if a != report.OURS}
             self.doc["cells"].append(entry)
+
+    @staticmethod
+    def cell_entry(cell: Cell, metric: Metric) -> dict[str, Any]:
+        """A metric's entry in the results' cells, before any arm's values."""
+        entry: dict[str, Any] = {
+            "name": cell.name,
+            "metric": metric.name,
+            "unit": metric.unit,
+            "higher_is_better": metric.higher_is_better,
+            "stat": metric.stat,
+            "db": cell.db,
+            "about": cell.about,
+            "arms": {},
+            "ratios": {},
+        }
+        if cell.series is not None:
+            name, axis, x = cell.series
+            entry["series"] = {"name": name, "axis": axis, "x": x}
+        return entry
 
     def write(self) -> None:
         self.out.parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@ Django), so the harness, the report and the tests can all read it."""
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.arms import ARM_NAMES
+from bench.arms import DJANGO_ARMS
 
 
 @dataclass(frozen=True)
@@ -25,11 +25,14 @@ class Cell:
     params: dict[str, Any] = field(default_factory=dict)
     reps: int = 1
     db: str = "pg"  # pg | sqlite | mariadb
-    arms: tuple[str, ...] = ARM_NAMES
+    arms: tuple[str, ...] = DJANGO_ARMS
     timeout: float = 900.0  # seconds the harness gives one agent job
     # (series, axis, x): cells of one series are also printed side by side, each over the
     # series' smallest x (e.g. ("backlog_c1", "backlog", 100_000): throughput at 100k / 10k).
     series: tuple[str, str, int] | None = None
+    # arm -> why it does not run this cell ("cannot run: ..." or "not run yet: ..."), for arms
+    # outside `arms`: the harness reports it instead of leaving the arm silently missing.
+    cannot_run: dict[str, str] = field(default_factory=dict)
 
 
 THROUGHPUT = Metric("throughput", "throughput", "tasks/s", True)
@@ -424,4 +427,11 @@ def build(mode: str) -> list[Cell]:
             timeout=900,
         )
     )
-    return cells
+    if not quick:
+        from bench.plan_compose import compose_cells  # it builds on this module's Cell
+
+        cells += compose_cells()
+    from bench.plan_pgqueuer import with_pgqueuer  # it builds on this module's Cell
+    from bench.plan_procrastinate import with_procrastinate  # the same
+
+    return with_procrastinate(with_pgqueuer(cells))

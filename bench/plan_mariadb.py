@@ -36,7 +36,8 @@ def mariadb_cells(quick: bool) -> list[Cell]:
             "mariadb_dispatch",
             "dispatch",
             f"idle worker{on}: enqueue commit -> task start, random pause of 0..1 s between samples"
-            " (no NOTIFY there: every arm polls at its default interval)",
+            " (no NOTIFY there: ox wakes its idle worker with KILL QUERY after the commit, django-ox"
+            " polls at its default interval)",
             (
                 *LATENCY,
                 Metric("latency_ms", "latency_p99", "ms", False, "p99"),

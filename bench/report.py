@@ -140,6 +140,15 @@ def notes(doc: dict[str, Any]) -> list[str]:
     trees = doc.get("ox_trees_seen") or []
     if len(trees) > 1:
         out.append(f"ox's source changed during this run ({len(trees)} versions of ox/ seen; see runs[].ox_tree_sha1)")
+    # Arms that do not run a cell, one line per (arm, reason) with the cells it covers.
+    absent: dict[tuple[str, str], list[str]] = {}
+    for cell in doc.get("cells", []):
+        for arm, why in (cell.get("cannot_run") or {}).items():
+            names = absent.setdefault((arm, why), [])
+            if cell["name"] not in names:
+                names.append(cell["name"])
+    for (arm, why), names in absent.items():
+        out.append(f"{arm} {why} [{', '.join(names)}]")
     for run in doc.get("runs", []):
         where = f"{run['cell']} rep {run['rep']} {run['arm']}"
         if not run.get("ok"):

@@ -72,10 +72,28 @@ def ledger(key: int, sleep_ms: int = 10) -> None:
     time.sleep(sleep_ms / 1000)
 
 
+@task(takes_context=True)
+async def progress_async(context, steps: int = 10, pause: float = 0.1) -> None:
+    """The metadata cell (bench.plan_compose): a second of steps, saving progress after each
+    (ten saves a second); `plain_async` is the same without the saves."""
+    for i in range(steps):
+        await asyncio.sleep(pause)
+        context.metadata["progress"] = (i + 1) / steps
+        await context.asave_metadata()
+
+
+@task
+async def plain_async(steps: int = 10, pause: float = 0.1) -> None:
+    for _ in range(steps):
+        await asyncio.sleep(pause)
+
+
 WORKLOADS = {
     "noop": noop,
     "cpu_bound": cpu_bound,
     "io_bound": io_bound,
     "io_bound_async": io_bound_async,
     "mixed": mixed,
+    "progress_async": progress_async,
+    "plain_async": plain_async,
 }

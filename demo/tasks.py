@@ -36,3 +36,38 @@ def always_fails(reason: str) -> None:
 def slow(seconds: float) -> float:
     time.sleep(seconds)
     return seconds
+
+
+def _load(rows: int) -> list[int]:
+    time.sleep(0.5)
+    return list(range(rows))
+
+
+@task(queue_name="reports", takes_context=True, max_attempts=3)
+def export_report(context, rows: int = 40, pause: float = 0.25) -> int:
+    """A long task: a durable step (ox.step: a retry does not load again), then a live
+    progress bar on the dashboard while it writes (context.metadata)."""
+    import ox
+
+    loaded = ox.step("load", _load, rows)
+    for done, _row in enumerate(loaded, start=1):
+        time.sleep(pause)
+        context.metadata["stage"] = "writing"
+        context.metadata["progress"] = done / len(loaded)
+        context.save_metadata()
+    context.metadata["stage"] = "done"
+    return len(loaded)
+
+
+@task
+def trickle(tick: int = 0) -> int:
+    """Run every few seconds while ./run shows the demo (settings: OX_DEMO), so the overview's
+    chart moves: a few small tasks, now and then a report with a progress bar."""
+    import random
+
+    n = random.randint(1, 4)  # noqa: S311 (not crypto)
+    for i in range(n):
+        add.enqueue(i, tick)
+    if random.random() < 0.1:  # noqa: S311
+        export_report.enqueue(20, 0.2)
+    return n

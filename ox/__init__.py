@@ -2,7 +2,9 @@
 
 from typing import Any
 
-__all__ = ["DuplicateTask", "Unique", "cancel", "enqueue_many", "is_duplicate", "retry"]
+__version__ = "0.3.0"  # ox/CHANGELOG.md says what each version changed
+
+__all__ = ["DuplicateTask", "Unique", "astep", "cancel", "enqueue_many", "is_duplicate", "retry", "step"]
 
 
 def __getattr__(name: str) -> Any:
@@ -16,6 +18,10 @@ def __getattr__(name: str) -> Any:
         from ox.flow import unique
 
         return getattr(unique, name)
+    if name in {"step", "astep"}:
+        from ox import steps
+
+        return getattr(steps, name)
     if name == "enqueue_many":
         from ox.enqueue import enqueue_many
 

@@ -25,6 +25,7 @@ class OxBackend(BaseTaskBackend):
     supports_priority = True
     supports_get_result = True
     supports_async_task = True
+    supports_metadata = True  # Django's proposal (new-features #141): ox.metadata
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)

@@ -17,6 +17,10 @@ ox.E010  OPTIONS POOLER or LISTEN_DATABASE on a database that is not PostgreSQL
 ox.W005  POOLER "transaction" with server-side binding and a prepare_threshold: prepared statements
 ox.W006  POOLER "transaction" without DISABLE_SERVER_SIDE_CURSORS: Django's .iterator() cursors
 ox.E011  OPTIONS LIMITS names a queue that is not in the backend's QUEUES (the limit would never apply)
+ox.W007  MariaDB/MySQL: ox's tables are not utf8mb4, or their collation pads or ignores case
+         (a database check: `manage.py check --database default`, and at every migrate)
+ox.W008  two backends on one database with different retention (PRUNE, PRUNE_WORKERS): the
+         tables are shared, so each one's pruners apply its retention to the other's tasks too
 """
 
 import os
@@ -163,7 +167,7 @@ def check_database_settings(app_configs: Any = None, **kwargs: Any) -> Messages:
                 checks.Warning(
                     f"DATABASES[{db!r}] (SQLite, used by TASKS[{alias!r}]) does not set WAL mode: a worker"
                     " process and the web process will block each other's reads and writes.",
-                    hint='Add "init_command": "PRAGMA journal_mode=WAL;" to its OPTIONS (see oxproject/settings.py).',
+                    hint='Add "init_command": "PRAGMA journal_mode=WAL;" to its OPTIONS.',
                     id="ox.W001",
                 )
             )
@@ -194,6 +198,29 @@ def check_worker_policy(app_configs: Any = None, **kwargs: Any) -> Messages:
                     " run the tasks twice.",
                     hint="Keep HEARTBEAT at most LEASE / 3.",
                     id="ox.W003",
+                )
+            )
+    return messages
+
+
+@checks.register(checks.Tags.compatibility)
+def check_retention(app_configs: Any = None, **kwargs: Any) -> Messages:
+    """ox_task and ox_worker carry no backend: on a database two backends share, the workers
+    of each prune every row by their own rules, so the shortest retention of each status is
+    the one in force, whatever the other backend (and its Health row) says."""
+    messages: Messages = []
+    seen: dict[str, tuple[str, Any]] = {}  # database -> (first backend, its retention)
+    for alias, options, db in _ox_databases():
+        retention = (options.prune_rules(), options.worker_retention())
+        first = seen.setdefault(db, (alias, retention))
+        if first[0] != alias and first[1] != retention:
+            messages.append(
+                checks.Warning(
+                    f"TASKS[{first[0]!r}] and TASKS[{alias!r}] share database {db!r} but set different retention"
+                    " (PRUNE, PRUNE_WORKERS): the tables are shared, so the workers of each prune the other's"
+                    " tasks and worker rows too, and the shorter retention of each applies to both.",
+                    hint="Give both backends the same PRUNE and PRUNE_WORKERS, or each a database of its own.",
+                    id="ox.W008",
                 )
             )
     return messages
@@ -271,6 +298,43 @@ def check_pooling(app_configs: Any = None, **kwargs: Any) -> Messages:
     for alias, options, db in _ox_databases():
         if db in settings.DATABASES:  # else ox.E007
             messages.extend(_pooling_messages(alias, options, db))
+    return messages
+
+
+@checks.register(checks.Tags.database)
+def check_mysql_collation(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> Messages:
+    from django.db import DatabaseError, connections
+
+    from ox.db import driver
+
+    messages: Messages = []
+    seen = set()
+    for _alias, _options, db in _ox_databases():
+        if db in seen or db not in (databases or ()) or db not in settings.DATABASES:
+            continue
+        seen.add(db)
+        conn = connections[db]
+        # The driver says what is wrong (MariaDB/MySQL: ox.db.mysql.charset); the others have
+        # nothing to say and send nothing. A database ox has no driver for is left alone here:
+        # the worker and enqueue say so.
+        try:
+            found = driver(conn)
+        except ImproperlyConfigured:
+            continue
+        try:
+            problems = found.collation_problems(conn)
+        except DatabaseError:
+            continue  # not reachable: the database's own errors say more
+        for problem in problems:
+            messages.append(
+                checks.Warning(
+                    f"DATABASES[{db!r}]: {problem}.",
+                    hint="ALTER DATABASE ... CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin before the first"
+                    " migrate (MySQL 8: utf8mb4_0900_bin); existing tables: ALTER TABLE ... CONVERT TO"
+                    " CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin (docs/databases.md).",
+                    id="ox.W007",
+                )
+            )
     return messages
 
 

@@ -237,7 +237,7 @@ class Claims:
         for c in claimed:
             timeout = w.options.timeout_for(c.queue, None)
             try:
-                prep = prepare(c, w.backend.alias, w.id, history.get(c.id, ([], [])), timeout)
+                prep = prepare(c, w.backend.alias, w.id, history.get(c.id, ([], [])), timeout, w.alias)
             except Exception as exc:  # noqa: BLE001  (one odd row never stops the others)
                 prep = unrunnable(c, f"the task could not be prepared: {exc!r}", retryable=True, cause=exc)
             if isinstance(prep, Finished):

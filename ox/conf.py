@@ -10,6 +10,12 @@ if TYPE_CHECKING:
     from ox.flow.limits import QueueLimits
 
 PRUNABLE = ("SUCCESSFUL", "FAILED", "CANCELLED")  # ox.models.FINISHED, without importing models
+# What PRUNE lays its own values over: finished tasks kept this long after they finished (a
+# failure longer, to be looked into), as every queue teams compare ox with does by default.
+DEFAULT_PRUNE = {"SUCCESSFUL": "7d", "CANCELLED": "7d", "FAILED": "30d"}
+# The longest retention (or ARCHIVE_AFTER): "now minus it" must be a date every database holds
+# (MariaDB's DATETIME starts at year 1000); longer is None, kept for ever.
+MAX_RETENTION = timedelta(days=36525)
 # What sits between the worker and PostgreSQL. None: nothing (or a session-mode pooler, which
 # pins a server session to the client for its life, so it is the same as none); "session"
 # says so explicitly. "transaction": a server session is only the worker's for one
@@ -47,7 +53,12 @@ class OxOptions:
     listen_database: str | None = None
     # Operations (ox.periodic, ox.prune, ox.health), validated by validate_operations().
     schedules: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> ox.schedules spec
-    prune: dict[str, Any] = field(default_factory=dict)  # finished status -> retention ("7d" or seconds)
+    # finished status -> retention ("7d", seconds, or None: kept), laid over DEFAULT_PRUNE;
+    # None: nothing is pruned.
+    prune: dict[str, Any] | None = field(default_factory=dict)
+    # Rows of ox_worker: a stopped worker's this long after it stopped, a vanished one's (never
+    # stopped: SIGKILLed, its host gone) this long after its last heartbeat; None: kept.
+    prune_workers: Any = "7d"
     prune_interval: float = 600.0  # seconds between a worker's pruning rounds
     prune_batch: int = 1000  # rows deleted per transaction
     # ox.archive: finished tasks move to ox_task_archive this long after they finished (a
@@ -163,25 +174,44 @@ class OxOptions:
                 raise ImproperlyConfigured(f"ox OPTIONS {name.upper()} must be a positive number, got {value!r}")
         count("prune_batch", 1)
         count("archive_batch", 1)
-        if self.archive_after is not None:
+
+        def retention(where: str, value: Any, none: str) -> timedelta:
             try:
-                parse_duration(self.archive_after)
-            except ValueError as exc:
-                raise ImproperlyConfigured(f"ox OPTIONS ARCHIVE_AFTER: {exc} (or None: no archiving)") from exc
+                age = parse_duration(value)
+            except (ValueError, OverflowError) as exc:  # OverflowError: inf, or past timedelta's range
+                raise ImproperlyConfigured(f"ox OPTIONS {where}: {exc} (or None: {none})") from exc
+            if age > MAX_RETENTION:
+                raise ImproperlyConfigured(
+                    f"ox OPTIONS {where}: {value!r} is longer than a century (36525d), the most a date"
+                    f" cutoff holds: None for {none}"
+                )
+            return age
+
+        if self.archive_after is not None:
+            retention("ARCHIVE_AFTER", self.archive_after, "no archiving")
         count("health_max_backlog", 0)
         count("health_max_stale_workers", 0)
         count("health_min_workers", 0)
-        if not isinstance(self.prune, dict):
-            raise ImproperlyConfigured(f"ox OPTIONS PRUNE must be a dict of status -> retention, got {self.prune!r}")
-        for status, retention in self.prune.items():
+        if self.prune is not None and not isinstance(self.prune, dict):
+            raise ImproperlyConfigured(
+                f"ox OPTIONS PRUNE must be a dict of status -> retention (or None: prune nothing), got {self.prune!r}"
+            )
+        for status, age in (self.prune or {}).items():
             if status not in PRUNABLE:
                 raise ImproperlyConfigured(
                     f"ox OPTIONS PRUNE: {status!r} is not a finished status ({', '.join(PRUNABLE)})"
                 )
-            try:
-                parse_duration(retention)
-            except ValueError as exc:
-                raise ImproperlyConfigured(f"ox OPTIONS PRUNE[{status!r}]: {exc}") from exc
+            if age is not None:  # None: kept
+                retention(f"PRUNE[{status!r}]", age, "kept")
+        if self.prune_workers is not None:
+            workers = retention("PRUNE_WORKERS", self.prune_workers, "kept")
+            if workers.total_seconds() < self.worker_stale_after:
+                # A live worker's row is silent up to a heartbeat (or a slow one) between beats:
+                # only a worker silent past WORKER_STALE_AFTER is taken for gone.
+                raise ImproperlyConfigured(
+                    f"ox OPTIONS PRUNE_WORKERS {self.prune_workers!r} is shorter than WORKER_STALE_AFTER"
+                    f" ({self.worker_stale_after} s): live workers' rows would be pruned"
+                )
         self.queue_limits()
         # Last: a ScheduleError carries its own check id (ox.E002/ox.E003).
         parse_schedules(self.schedules)
@@ -203,9 +233,19 @@ class OxOptions:
         return out
 
     def prune_rules(self) -> dict[str, timedelta]:
+        """The retention in force: status -> age (DEFAULT_PRUNE with PRUNE laid over it; a
+        status whose retention is None is not there)."""
         from ox.durations import parse_duration
 
-        return {status: parse_duration(retention) for status, retention in self.prune.items()}
+        if self.prune is None:
+            return {}
+        merged = {**DEFAULT_PRUNE, **self.prune}
+        return {status: parse_duration(r) for status in PRUNABLE if (r := merged.get(status)) is not None}
+
+    def worker_retention(self) -> timedelta | None:
+        from ox.durations import parse_duration
+
+        return None if self.prune_workers is None else parse_duration(self.prune_workers)
 
     def archive_age(self) -> timedelta | None:
         """How long after finishing a task moves to the archive; None: archiving is off."""

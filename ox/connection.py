@@ -1,72 +1,34 @@
 """The worker's own database connection: opened once, held for the worker's life whatever
 CONN_MAX_AGE says, never shared with task bodies (which use Django's per-thread ones).
 
-On PostgreSQL both ends of that connection get TCP keepalives, so a network partition that
-closes nothing (a cable pulled, a host frozen, a firewall dropping packets) ends the session
-within seconds instead of hours:
+What that session needs beyond Django's defaults is its database's: the driver tunes the
+connection's OPTIONS (Driver.worker_options) and names the settings its server's side gets at
+every connect (Driver.start_worker_session). On PostgreSQL that is TCP keepalives on both
+ends and jit off (ox.db.postgresql.session); on MariaDB/MySQL, timeouts and READ COMMITTED
+(ox.db.mysql.session); on SQLite, nothing.
 
-- the worker's side (libpq `keepalives*` and `tcp_user_timeout`) notices that the server is
-  gone, so the worker stops waiting on a dead socket and reconnects;
-- the server's side (the per-session settings `tcp_keepalives_*` and `tcp_user_timeout`)
-  ends the dead backend, and with it the worker's liveness advisory lock, its LISTEN, and any
-  transaction or row lock it held.
-
-Defaults: first probe after 5 s of silence, then every 2 s, give up after 3 unanswered
-(`tcp_user_timeout` = 5 + 2 x 3 = 11 s, which also bounds unacknowledged writes). The
-database's own OPTIONS win, key by key (`"keepalives_idle": 30`, ... in DATABASES, or
-`?keepalives_idle=30` in DATABASE_URL); the server side follows the same values.
-`"keepalives": 0` turns all of it off.
-
-Behind a transaction-mode pooler (ox OPTIONS POOLER = "transaction") the server's side is not
-set: a session-level setting would stay on the pooler's server connection after the worker's
-transaction, and so apply to whichever client gets that server connection next. The worker's
-side still applies, to its TCP connection to the pooler; the pooler's own keepalive settings
-cover the rest.
+`pooled`: behind a transaction-mode pooler (ox OPTIONS POOLER = "transaction") nothing is set
+on the server's session, which the pooler hands to other clients between transactions.
 """
 
 import copy
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
-KEEPALIVE_DEFAULTS = {"keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
-# libpq connection parameter -> the server's per-session setting of the same meaning.
-SERVER_SETTINGS = {
-    "keepalives_idle": "tcp_keepalives_idle",  # seconds
-    "keepalives_interval": "tcp_keepalives_interval",  # seconds
-    "keepalives_count": "tcp_keepalives_count",
-    "tcp_user_timeout": "tcp_user_timeout",  # milliseconds
-}
+from ox.db import driver
+
+# The session settings a worker connection gets at every connect (see _start_worker_session).
 _SERVER_ATTR = "ox_server_keepalives"
+IDLE_LIMIT = 60.0  # s
 
 
-def keepalive_settings(options: dict[str, Any]) -> dict[str, int] | None:
-    """The keepalive values for a PostgreSQL worker connection, given the database's OPTIONS:
-    theirs where set, ox's defaults otherwise. None when OPTIONS turn keepalives off."""
-
-    def number(key: str, value: Any) -> int:
-        try:
-            parsed = int(str(value).strip())
-        except ValueError:
-            parsed = -1
-        if parsed < 0:
-            raise ImproperlyConfigured(f"DATABASES OPTIONS {key!r} must be a whole number >= 0, got {value!r}")
-        return parsed
-
-    if "keepalives" in options and number("keepalives", options["keepalives"]) == 0:
-        return None
-    values = {key: number(key, options.get(key, default)) for key, default in KEEPALIVE_DEFAULTS.items()}
-    silent = values["keepalives_idle"] + values["keepalives_interval"] * values["keepalives_count"]
-    values["tcp_user_timeout"] = number("tcp_user_timeout", options.get("tcp_user_timeout", silent * 1000))
-    return values
-
-
-def open_worker_connection(alias: str, pooled: bool = False) -> BaseDatabaseWrapper:
+def open_worker_connection(alias: str, pooled: bool = False, idle_limit: float = IDLE_LIMIT) -> BaseDatabaseWrapper:
     """A new connection for the worker (or its listener). `pooled`: the alias is behind a
-    transaction-mode pooler, so nothing is set on the server's session."""
+    transaction-mode pooler, so nothing is set on the server's session. `idle_limit`: the
+    longest the caller leaves the session silent, times a margin (MariaDB: mysql_session)."""
     conn = connections.create_connection(alias)
     settings = copy.deepcopy(conn.settings_dict)
     options = settings.setdefault("OPTIONS", {})
@@ -75,45 +37,22 @@ def open_worker_connection(alias: str, pooled: bool = False) -> BaseDatabaseWrap
     # client-side pool; an external pooler is what `pooled` is about.)
     options.pop("pool", None)
     settings["CONN_MAX_AGE"] = None
-    if conn.vendor == "postgresql":
-        if pooled:
-            # A prepared statement lives in the server session it was prepared on, which a
-            # transaction pooler hands to others between transactions (PgBouncer < 1.21 does
-            # not track them). Django's default already prepares nothing (and its client-side
-            # binding cursors never do); the worker's own connection makes sure of it.
-            options["prepare_threshold"] = None
-        keepalives = keepalive_settings(options)
-        server: dict[str, str] = {}
-        if keepalives is not None:
-            options.update({"keepalives": 1, **keepalives})
-            server = {SERVER_SETTINGS[key]: str(value) for key, value in keepalives.items()}
-        if not pooled:
-            # No JIT for the worker's statements: the claim's plan is a walk whose estimated
-            # cost grows with the backlog and the number of queues, past the JIT thresholds,
-            # and compiling it costs hundreds of milliseconds where running it costs one.
-            # (Behind a transaction pooler: ALTER ROLE ... SET jit = off, docs/deployment.md.)
-            server["jit"] = "off"
-            # Applied at every connect of this wrapper (see _server_keepalives).
-            setattr(conn, _SERVER_ATTR, server)
+    server = driver(conn).worker_options(options, pooled, idle_limit)
+    if server is not None:
+        # On the wrapper, not applied once here: a reconnect of the same wrapper gets them too.
+        setattr(conn, _SERVER_ATTR, server)
     conn.settings_dict = settings
     conn.ensure_connection()
     return conn
 
 
-def _server_keepalives(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-    """Set the server's side of a worker connection's keepalives (and jit off), in one round
-    trip, as soon as it connects (a receiver, so a reconnect of the same wrapper gets them too)."""
+def _start_worker_session(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """Set the server's side of a worker connection as soon as it connects (a receiver, so a
+    reconnect of the same wrapper gets it too). Every other connection has nothing to set."""
     server: dict[str, str] | None = getattr(connection, _SERVER_ATTR, None)
     if not server:
         return
-    pairs = list(server.items())
-    raw = connection.connection
-    with raw.cursor() as cursor:
-        cursor.execute(
-            "SELECT " + ", ".join("set_config(%s, %s, false)" for _ in pairs), [part for pair in pairs for part in pair]
-        )
-    if not raw.autocommit:  # AUTOCOMMIT off: make the settings outlive this transaction
-        raw.commit()
+    driver(connection).start_worker_session(connection, server)
 
 
-connection_created.connect(_server_keepalives, dispatch_uid="ox.connection.server_keepalives")
+connection_created.connect(_start_worker_session, dispatch_uid="ox.connection.server_keepalives")

@@ -31,7 +31,7 @@ class Duty:
 def worker_duties(worker: "Worker") -> list[Duty]:
     """The duties this worker takes on, from the backend's OPTIONS: SCHEDULES fire ticks,
     ARCHIVE_AFTER moves finished tasks to the archive, PRUNE deletes finished tasks past their
-    retention, VACUUM (PostgreSQL) reclaims dead rows."""
+    retention (and PRUNE_WORKERS old worker rows), VACUUM (PostgreSQL) reclaims dead rows."""
     from ox.archive import Archiver
     from ox.db import driver
     from ox.periodic import Ticker
@@ -43,8 +43,9 @@ def worker_duties(worker: "Worker") -> list[Duty]:
     duties = []
     if options.schedules:
         duties.append(Duty("periodic", TICK_INTERVAL, Ticker(worker.backend, parse_schedules(options.schedules)).run))
-    if options.prune:
-        pruner = Pruner(options.prune_rules(), options.prune_interval, options.prune_batch)
+    rules, workers = options.prune_rules(), options.worker_retention()
+    if rules or workers is not None:
+        pruner = Pruner(rules, options.prune_interval, options.prune_batch, workers)
         duties.append(Duty("prune", min(PRUNE_POLL, options.prune_interval), pruner.run))
     age = options.archive_age()
     if age is not None:

@@ -12,8 +12,9 @@ from django.tasks import Task as DjangoTask
 from django.tasks import TaskResult
 from django.tasks.signals import task_enqueued
 
-from ox import clock, sql
+from ox import clock, sql, tracing
 from ox.db import driver
+from ox.db.dialect import after_deadlock
 from ox.flow.unique import DuplicateTask, ExistingTaskResult, as_existing, limit_key
 from ox.ids import uuid7
 from ox.jsoncheck import jsonable
@@ -56,6 +57,7 @@ def new_task(
         max_attempts=getattr(task, "max_attempts", None) or backend.config.max_attempts,
         is_async=is_async_task(task),
         scheduled_for=None if task.run_after is None else resolve_run_after(task.run_after, now),
+        metadata=tracing.with_trace_context(getattr(task, "metadata", None)),
     )
     return with_flow(task, row, now)
 
@@ -153,6 +155,7 @@ def enqueue_many(
     scheduled_for = None if task.run_after is None else run_after
     max_attempts = getattr(task, "max_attempts", None) or backend.config.max_attempts
     kind = is_async_task(task)
+    metadata = tracing.with_trace_context(getattr(task, "metadata", None))
     rows = [
         sql.NewTask(
             uuid7(),
@@ -166,6 +169,7 @@ def enqueue_many(
             max_attempts,
             kind,
             scheduled_for,
+            metadata=metadata,
         )
         for args, kwargs in calls
     ]
@@ -195,6 +199,7 @@ def _enqueue_unique(backend: "OxBackend", task: DjangoTask, conn: Any, rows: lis
         except DatabaseError as exc:
             if not outermost or attempt == UNIQUE_TRIES - 1 or not driver(conn).deadlocked(exc):
                 raise
+            after_deadlock(attempt)
     raise AssertionError("unreachable")
 
 

@@ -1,9 +1,9 @@
 """Run one claimed task: decode it, call it (in a thread or on the event loop), and describe
 what happened. Nothing here writes the queue's tables; the worker loop does that."""
 
-import asyncio
 import inspect
 import json
+import logging
 import threading
 import time
 import traceback
@@ -14,21 +14,24 @@ from typing import Any
 from django.conf import settings
 from django.db import close_old_connections, reset_queries
 from django.tasks import Task as DjangoTask
-from django.tasks import TaskContext, TaskResult, TaskResultStatus
+from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_started
 
-from ox import clock
+from ox import clock, steps, tracing
 from ox.backoff import retry_delay
 from ox.conf import OxOptions
 from ox.exceptions import TaskCancelled, TaskInterrupt, TaskTimeout, TaskUnrunnable, class_path
 from ox.interrupt import Interrupter
+from ox.metadata import OxTaskContext, OxTaskResult, at_end, context_for
 from ox.models import Outcome
 from ox.results import resolve_task, with_row_settings
 from ox.sql import Claimed
 from ox.storable import NotStorable, return_json, storable_text
 
 SUCCESSFUL = "successful"
+
+logger = logging.getLogger("ox.worker")
 
 
 @dataclass(slots=True)
@@ -40,6 +43,9 @@ class Prepared:
     result: TaskResult
     timeout: float | None
     is_async: bool
+    using: str = ""  # the database the task's metadata is written to (ox.metadata)
+    context: OxTaskContext | None = None  # given to a task that takes one (ox.metadata)
+    span: Any = None  # the attempt's OpenTelemetry span (ox.tracing), when tracing is on
 
     @property
     def key(self) -> tuple[Any, int]:
@@ -136,7 +142,7 @@ def running_result(
 ) -> TaskResult:
     """Django's TaskResult for a task being run. Built field by field: TaskResult's own
     __init__ normalizes args through JSON again, and these just came out of JSON."""
-    result = object.__new__(TaskResult)
+    result = object.__new__(OxTaskResult)
     for name, value in (
         ("task", with_row_settings(task, claimed.priority, claimed.queue, claimed.scheduled_for, backend_alias)),
         ("id", str(claimed.id)),
@@ -151,6 +157,7 @@ def running_result(
         ("errors", errors),
         ("worker_ids", worker_ids),
         ("_return_value", None),
+        ("metadata", {}),
     ):
         object.__setattr__(result, name, value)
     return result
@@ -162,6 +169,7 @@ def prepare(
     worker_id: str,
     history: tuple[list[TaskError], list[str]],
     timeout: float | None,
+    using: str = "default",
 ) -> "Prepared | Finished":
     """Everything that can go wrong before the call: the path and the row. (Arguments that
     no longer fit the function are caught at the call, see misfit().)"""
@@ -181,6 +189,13 @@ def prepare(
     result = running_result(
         info.task, claimed, args, kwargs, backend_alias, list(errors), [*previous_workers, worker_id]
     )
+    if claimed.metadata_json is not None:
+        try:
+            metadata = json.loads(claimed.metadata_json)
+        except (ValueError, RecursionError, MemoryError) as exc:
+            return unrunnable(claimed, f"The stored metadata does not decode: {exc!r}")
+        if isinstance(metadata, dict):
+            object.__setattr__(result, "metadata", metadata)
     return Prepared(
         claimed=claimed,
         task=info.task,
@@ -189,6 +204,7 @@ def prepare(
         result=result,
         timeout=info.timeout if info.timeout is not None else timeout,
         is_async=info.is_async,
+        using=using,
     )
 
 
@@ -202,8 +218,38 @@ def misfit(prep: Prepared, exc: BaseException) -> Finished | None:
     return None
 
 
-def _call_args(prep: Prepared) -> list[Any]:
-    return [TaskContext(task_result=prep.result), *prep.args] if prep.task.takes_context else prep.args
+def call_args(prep: Prepared) -> list[Any]:
+    if not prep.task.takes_context:
+        return prep.args
+    claimed = prep.claimed
+    prep.context = context_for(prep.result, claimed.id, claimed.fence, prep.using)  # type: ignore[arg-type]
+    return [prep.context, *prep.args]
+
+
+def start_span(prep: Prepared) -> None:
+    """The attempt's span (ox.tracing). Tracing is the user's configuration: whatever it
+    raises is logged, and the task runs untraced."""
+    if not tracing.enabled():
+        return
+    c = prep.claimed
+    try:
+        metadata = getattr(prep.result, "metadata", {})
+        prep.span = tracing.start_attempt(c.task_path, c.queue, str(c.id), c.attempts, metadata)
+    except Exception:  # noqa: BLE001
+        logger.exception("ox: could not start the span of task %s", c.id)
+
+
+def end_span(prep: Prepared, finished: Finished | None) -> None:
+    span, prep.span = prep.span, None
+    if span is None:
+        return
+    try:
+        if finished is None:
+            span.end(None, "unknown", failed=True)
+        else:
+            span.end(finished.exception, finished.kind, failed=finished.kind != SUCCESSFUL)
+    except Exception:  # noqa: BLE001
+        logger.exception("ox: could not end the span of task %s", prep.claimed.id)
 
 
 def started(prep: Prepared) -> datetime:
@@ -216,14 +262,14 @@ def started(prep: Prepared) -> datetime:
     return now
 
 
-def _finish_value(prep: Prepared, started: datetime, value: Any) -> Finished:
+def finish_value(prep: Prepared, started: datetime, value: Any) -> Finished:
     if value is None:  # the common case, without the walk
         return Finished(prep.claimed, SUCCESSFUL, started, _now(), task=prep.task, result=prep.result)
     try:
         text = return_json(value)
     except NotStorable as exc:
         # The body ran to the end; running it again would return the same value.
-        finished = _finish_error(prep, started, exc, Outcome.FAILED)
+        finished = finish_error(prep, started, exc, Outcome.FAILED)
         if exc.__cause__ is not None:  # what Django's backends record: normalize_json's TypeError
             finished.exception_class_path = class_path(type(exc.__cause__))
         finished.retryable = False
@@ -239,7 +285,7 @@ def _finish_value(prep: Prepared, started: datetime, value: Any) -> Finished:
     )
 
 
-def _finish_error(prep: Prepared, started: datetime, exc: BaseException, kind: str) -> Finished:
+def finish_error(prep: Prepared, started: datetime, exc: BaseException, kind: str) -> Finished:
     path, text = describe(exc)
     return Finished(
         claimed=prep.claimed,
@@ -254,7 +300,7 @@ def _finish_error(prep: Prepared, started: datetime, exc: BaseException, kind: s
     )
 
 
-def _kind_of(exc: BaseException) -> str:
+def kind_of(exc: BaseException) -> str:
     if isinstance(exc, TaskTimeout):
         return Outcome.TIMED_OUT
     if isinstance(exc, TaskCancelled):
@@ -305,107 +351,24 @@ def run_sync(prep: Prepared, interrupter: Interrupter, sender: type, options: Ox
     begun = started(prep)
     finished: Finished | None = None
     interrupter.enter(prep.key)
+    scope = steps.enter(prep.claimed.id, prep.claimed.fence, prep.claimed.attempts, prep.using)
+    start_span(prep)
     try:
         try:
             task_started.send(sender=sender, task_result=prep.result)
-            value = prep.task.func(*_call_args(prep), **prep.kwargs)
-            finished = _finish_value(prep, begun, value)
+            value = prep.task.func(*call_args(prep), **prep.kwargs)
+            finished = finish_value(prep, begun, value)
         except TaskInterrupt as exc:
-            finished = _finish_error(prep, begun, exc, _kind_of(exc))
+            finished = finish_error(prep, begun, exc, kind_of(exc))
         except BaseException as exc:  # noqa: BLE001  (SystemExit from a task is the task's failure)
-            finished = misfit(prep, exc) or _finish_error(prep, begun, exc, Outcome.FAILED)
+            finished = misfit(prep, exc) or finish_error(prep, begun, exc, Outcome.FAILED)
         finished = decide_retry(finished, options)
     except TaskInterrupt as exc:  # landed while we were recording the outcome
-        finished = finished or _finish_error(prep, begun, exc, _kind_of(exc))
+        finished = finished or finish_error(prep, begun, exc, kind_of(exc))
     finally:
+        steps.leave(scope)
         interrupter.leave(prep.key)
+    end_span(prep, finished)
+    at_end(prep.context)
     _after_task()
     return finished
-
-
-class _Raised:
-    """What a task raised, carried out of its asyncio Task as a value: SystemExit or
-    KeyboardInterrupt raised out of a Task would stop the event loop itself."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-async def _guarded(coroutine: Any, prep: Prepared, sender: type) -> Any:
-    try:
-        try:
-            await task_started.asend(sender=sender, task_result=prep.result)
-        except BaseException:
-            coroutine.close()  # never started: no "never awaited" warning
-            raise
-        return await coroutine
-    except asyncio.CancelledError as exc:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise  # ox cancelled it (a cancel, a timeout)
-        return _Raised(exc)  # the task raised CancelledError itself: its own failure
-    except BaseException as exc:  # noqa: BLE001
-        return _Raised(exc)
-
-
-class AsyncRunner:
-    """Async tasks run concurrently on one event loop (in its own thread). Every in-flight
-    structure is keyed by the claim (task id, fence)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._inner: dict[Any, asyncio.Task[Any]] = {}
-        self._reasons: dict[Any, type[TaskInterrupt]] = {}
-
-    async def run(self, prep: Prepared, sender: type, options: OxOptions) -> Finished:
-        key = prep.key
-        begun = started(prep)
-        try:
-            try:
-                # Creating the coroutine runs none of the body: a TypeError here means the
-                # stored arguments no longer fit the function.
-                coroutine = prep.task.func(*_call_args(prep), **prep.kwargs)
-            except BaseException as exc:  # noqa: BLE001
-                return decide_retry(misfit(prep, exc) or _finish_error(prep, begun, exc, Outcome.FAILED), options)
-            inner = asyncio.ensure_future(_guarded(coroutine, prep, sender))
-            self._inner[key] = inner
-            try:
-                async with asyncio.timeout(prep.timeout) as scope:
-                    outcome = await inner
-                if scope.expired():  # the task swallowed the cancellation and returned late
-                    raise TimeoutError
-            except TimeoutError:
-                if not scope.expired():
-                    raise
-                timeout = TaskTimeout(f"timed out after {prep.timeout} s")
-                return decide_retry(_finish_error(prep, begun, timeout, Outcome.TIMED_OUT), options)
-            except asyncio.CancelledError:
-                reason = self._reasons.get(key)
-                if reason is None:
-                    raise  # the loop itself is shutting down
-                return decide_retry(_finish_error(prep, begun, reason("interrupted"), _kind_of(reason(""))), options)
-            if isinstance(outcome, _Raised):
-                reason = self._reasons.get(key)
-                kind = _kind_of(reason("")) if reason is not None else _kind_of(outcome.exc)
-                return decide_retry(_finish_error(prep, begun, outcome.exc, kind), options)
-            return decide_retry(_finish_value(prep, begun, outcome), options)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise
-            return _finish_error(prep, begun, RuntimeError("the task was cancelled by its event loop"), Outcome.FAILED)
-        except BaseException as exc:  # noqa: BLE001  (whatever happens, the task reports)
-            return _finish_error(prep, begun, exc, Outcome.FAILED)
-        finally:
-            self._inner.pop(key, None)
-            self._reasons.pop(key, None)
-
-    def interrupt(self, key: Any, exc_type: type[TaskInterrupt]) -> bool:
-        inner = self._inner.get(key)
-        if inner is None:
-            return False
-        self._reasons[key] = exc_type
-        self.loop.call_soon_threadsafe(inner.cancel)
-        return True

@@ -18,7 +18,8 @@ from typing import Any
 from ox import clock
 from ox.conf import OxOptions
 from ox.exceptions import TaskCancelled, TaskInterrupt
-from ox.execution import AsyncRunner, Finished, Prepared, decide_retry, run_sync, unrunnable
+from ox.execution import Finished, Prepared, decide_retry, run_sync, unrunnable
+from ox.execution_async import AsyncRunner
 from ox.flow.local import LocalLimits
 from ox.interrupt import Interrupter
 from ox.models import Outcome

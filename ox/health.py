@@ -16,10 +16,10 @@ from django.db.models import Count, Min, Q
 
 from ox import clock
 from ox.conf import OxOptions
+from ox.db import driver
 from ox.models import Status, Task, Worker
 from ox.paging import COUNT_CAP
-from ox.tablehealth import TableHealth, table_health
-from ox.tablehealth_innodb import InnoDBTableHealth
+from ox.tablehealth import InnoDBTableHealth, TableHealth, table_health
 
 STALE_FORGET = timedelta(hours=1)
 
@@ -79,70 +79,16 @@ class Backlog:
     oldest_ready_at: datetime | None  # the earliest run_after among due tasks
 
 
-# The claim index is (queue, is_async, priority DESC, run_after, id) over READY rows. Its
-# (queue, is_async, priority) groups are found by a loose index scan (one probe per group, not
-# one row per task); within a group, due tasks are a range of run_after, so each count is an
-# index-only range scan, and the outer LIMIT stops the nested loop over a queue's groups at
-# cap + 1 entries: a count costs at most cap + 1 index entries plus one probe per group, however
-# long the backlog. The oldest due task is the first entry of some group.
-BACKLOG_SQL = """
-WITH RECURSIVE grp AS (
-    (SELECT queue, is_async, priority FROM ox_task WHERE status = 'READY'
-     ORDER BY queue, is_async, priority DESC LIMIT 1)
-    UNION ALL
-    SELECT nxt.queue, nxt.is_async, nxt.priority FROM grp g CROSS JOIN LATERAL (
-        (SELECT t.queue, t.is_async, t.priority FROM ox_task t
-         WHERE t.status = 'READY' AND t.queue = g.queue AND t.is_async = g.is_async AND t.priority < g.priority
-         ORDER BY t.priority DESC LIMIT 1)
-        UNION ALL
-        (SELECT t.queue, t.is_async, t.priority FROM ox_task t
-         WHERE t.status = 'READY' AND t.queue = g.queue AND t.is_async > g.is_async
-         ORDER BY t.is_async, t.priority DESC LIMIT 1)
-        UNION ALL
-        (SELECT t.queue, t.is_async, t.priority FROM ox_task t
-         WHERE t.status = 'READY' AND t.queue > g.queue
-         ORDER BY t.queue, t.is_async, t.priority DESC LIMIT 1)
-        LIMIT 1
-    ) nxt
-)
-SELECT q.queue,
-    (SELECT count(*) FROM (
-        SELECT 1 FROM grp g CROSS JOIN LATERAL (
-            SELECT 1 FROM ox_task t
-            WHERE t.status = 'READY' AND t.queue = g.queue AND t.is_async = g.is_async
-              AND t.priority = g.priority AND t.run_after <= %(now)s
-            LIMIT %(limit)s) x
-        WHERE g.queue = q.queue LIMIT %(limit)s) c),
-    (SELECT count(*) FROM (
-        SELECT 1 FROM grp g CROSS JOIN LATERAL (
-            SELECT 1 FROM ox_task t
-            WHERE t.status = 'READY' AND t.queue = g.queue AND t.is_async = g.is_async
-              AND t.priority = g.priority AND t.run_after > %(now)s
-            LIMIT %(limit)s) x
-        WHERE g.queue = q.queue LIMIT %(limit)s) c),
-    (SELECT min(f.run_after) FROM grp g CROSS JOIN LATERAL (
-        SELECT t.run_after FROM ox_task t
-        WHERE t.status = 'READY' AND t.queue = g.queue AND t.is_async = g.is_async AND t.priority = g.priority
-        ORDER BY t.run_after LIMIT 1) f
-     WHERE g.queue = q.queue AND f.run_after <= %(now)s)
-FROM (SELECT DISTINCT queue FROM grp) q
-ORDER BY q.queue
-"""
-
-
 def backlog(now: datetime, using: str | None = None, cap: int | None = None) -> dict[str, Backlog]:
     """READY tasks per queue that has any: due and scheduled counted up to `cap` (default
     COUNT_CAP; past it, the count says "more than cap"), and the oldest due. Index-only and
-    bounded on PostgreSQL; other databases (SQLite, for development) count exactly, then cap, so
-    both show the same."""
+    bounded where the driver has a statement for it (PostgreSQL: ox.db.postgresql.health);
+    other databases count exactly with the ORM, then cap, so both show the same."""
     cap = COUNT_CAP if cap is None else cap  # read at call time: tests lower it
     tasks = _tasks(using)
     conn = connections[tasks.db]
-    if conn.vendor == "postgresql":
-        with conn.cursor() as cursor:
-            cursor.execute(BACKLOG_SQL, {"now": now, "limit": cap + 1})
-            rows = cursor.fetchall()
-    else:
+    rows = driver(conn).backlog_rows(conn, now, cap + 1)
+    if rows is None:
         rows = (
             tasks.filter(status=Status.READY)
             .values("queue")

@@ -1,7 +1,8 @@
-"""The worker's idle mark (PostgreSQL, when it listens for notifications).
+"""The worker's idle mark (where it has a listener: PostgreSQL, MariaDB).
 
 The enqueue trigger (migration 0012) sends its NOTIFY only for queues that a running worker has
-marked idle in its ox_worker row: a NOTIFY makes its committing transaction take a cluster-wide
+marked idle in its ox_worker row (on MariaDB the producer reads the marks itself and wakes the
+marked workers with KILL QUERY, ox.db.mysql.wake): a NOTIFY makes its committing transaction take a cluster-wide
 lock until the commit is flushed, which costs concurrent producers up to a third of their
 throughput, and a busy worker needs no wake-up (it claims again as soon as a slot frees).
 
@@ -25,6 +26,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ox import clock, sql
+from ox.db import driver
 
 if TYPE_CHECKING:
     from ox.worker import Worker
@@ -38,6 +40,7 @@ class IdleMark:
         self.marked = False
         self.short_since_heartbeat = False
         self.notified_while_full = False
+        self.woken = False  # a wake-up came since the last claim
 
     def after_claim(self) -> None:
         """The claim just made found nothing more waiting: mark, and look again shortly."""
@@ -45,7 +48,12 @@ class IdleMark:
         if w.listener is None:
             return  # nothing would hear a notification: leave producers alone
         self.short_since_heartbeat = True
+        woken, self.woken = self.woken, False
         if self.marked:
+            if woken and driver(w.conn).lossy_wakeups:
+                # A wake-up sent while the listener was between two waits was lost; the
+                # commit it was for may have come after this claim: look once more.
+                w.next_poll = min(w.next_poll, time.monotonic() + IDLE_RELOOK)
             return
         sql.mark_idle(w.conn, w.id, clock.db_now(w.conn))
         self.marked = True

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from ox import clock, sql
 from ox.exceptions import TaskCancelled, TaskTimeout
 from ox.logs import event, task_fields
+from ox.metadata import flush_waiting
 
 if TYPE_CHECKING:
     from ox.worker import Worker
@@ -45,6 +46,7 @@ class Leases:
         # Finished but not yet written: their leases must not run out while they wait.
         rows += [(f.claimed.id, f.claimed.fence, None) for f in w.completer.pending()]
         kept = sql.renew(w.conn, rows, now + timedelta(seconds=w.options.lease))
+        flush_waiting(w.conn)  # metadata saved since the last write (ox.metadata)
         w.slots.renew(w.conn, now + timedelta(seconds=w.options.lease))
         for key, held in list(w.held.items()):
             if held.lost:

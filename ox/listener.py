@@ -1,6 +1,8 @@
-"""PostgreSQL LISTEN for an idle worker: a thread on its own session that wakes the worker
-loop when tasks are enqueued, so a task starts within milliseconds instead of at the next
-poll. Polling stays the fallback: if this session drops, the worker only gets slower.
+"""The idle worker's listener: a thread on its own session that wakes the worker loop when
+tasks are enqueued, so a task starts within milliseconds instead of at the next poll. How it
+hears of them is the driver's: LISTEN on PostgreSQL, a SLEEP that producers cut short with
+KILL QUERY on MariaDB (ox.db.mysql.wake). Polling stays the fallback: if this session drops,
+the worker only gets slower.
 
 LISTEN is session state: through a transaction-mode pooler the session that LISTENs goes back
 to the pool at once, and the notifications never reach this thread. So behind such a pooler
@@ -16,21 +18,23 @@ from django.db import connections
 
 from ox.connection import open_worker_connection
 from ox.db import driver
+from ox.db.dialect import CHANNEL
+
+__all__ = ["CHANNEL", "Listener"]
 
 logger = logging.getLogger("ox.worker")
 
-CHANNEL = "ox_task"  # the trigger of migrations 0005 and 0010 notifies on it
-
 
 class Listener:
-    """queues: the worker's; a notification naming another queue (migration 0010's payload)
-    is dropped here, so it costs the worker no claim. An empty payload wakes it whatever the
-    queue (0005's trigger, or a manual NOTIFY ox_task)."""
+    """A thread on a session of its own that calls `wake` when tasks of `queues` may have
+    been enqueued: the driver's way (ox.db.dialect.Dialect.listen). `lock_key`: the worker's
+    (MariaDB names the listener's session after it)."""
 
-    def __init__(self, alias: str, wake: Callable[[], None], queues: Collection[str] = ()) -> None:
+    def __init__(self, alias: str, wake: Callable[[], None], queues: Collection[str] = (), lock_key: int = 0) -> None:
         self.alias = alias
         self.wake = wake
         self.queues = frozenset(queues)
+        self.lock_key = lock_key
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="ox-listen", daemon=True)
 
@@ -45,24 +49,24 @@ class Listener:
         self.stopped.set()
 
     def _run(self) -> None:
-        delay, lost = 0.5, False
+        self.delay, self.listened = 0.5, False
         while not self.stopped.is_set():
             try:
                 conn = open_worker_connection(self.alias)
                 try:
-                    raw = conn.connection
-                    raw.execute(f"LISTEN {CHANNEL}")
-                    if lost:
-                        self.wake()  # back after a gap: enqueues meanwhile notified no one
-                    delay, lost = 0.5, True
-                    while not self.stopped.is_set():
-                        # Ends after `timeout` s without a notification, to look at `stopped`.
-                        for note in raw.notifies(timeout=1.0, stop_after=1):
-                            if not self.queues or not note.payload or note.payload in self.queues:
-                                self.wake()
+                    conn.ensure_connection()
+                    driver(conn).listen(conn, self.lock_key, self.queues, self.wake, self.stopped, self._ready)
                 finally:
                     conn.close()
             except Exception as exc:  # noqa: BLE001  (the poll still works; retry quietly)
                 logger.info("listener session lost (%s); polling until it is back", exc)
-                self.stopped.wait(delay)
-                delay = min(delay * 2, 10.0)
+                self.stopped.wait(self.delay)
+                self.delay = min(self.delay * 2, 10.0)
+
+    def _ready(self) -> None:
+        """The session listens: what is enqueued from now on wakes the worker. What was
+        enqueued before woke no one (the worker may have marked itself idle, and looked
+        again, before this session listened; or this is the session back after a gap): one
+        wake-up for all of it."""
+        self.wake()
+        self.delay, self.listened = 0.5, True

@@ -1,6 +1,6 @@
 """Structured log events of the `ox` loggers: the message ends with key=value pairs for
 people, and the same fields travel as `extra={"ox_<key>": value}` for log collectors
-(see oxproject.logging.JsonFormatter)."""
+(the starter project's logging.JsonFormatter reads them)."""
 
 import logging
 from typing import Any

@@ -26,8 +26,7 @@ from ox.models import FINISHED, ArchivedTask, Attempt, Outcome, Task
 from ox.paging import COUNT_CAP
 from ox.periodic import schedule_status
 from ox.stats import each_status
-from ox.tablehealth import table_health
-from ox.tablehealth_innodb import InnoDBTableHealth
+from ox.tablehealth import InnoDBTableHealth, table_health
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 WINDOW = timedelta(minutes=5)

@@ -81,6 +81,10 @@ class TaskBase(models.Model):
     unique_states = models.PositiveSmallIntegerField(default=0, db_default=0)
     unique_until = models.DateTimeField(null=True, blank=True)
     limit_key = models.CharField(max_length=200, null=True, blank=True)
+    # What the task says about itself beyond its arguments (Django's proposed task metadata:
+    # `using(metadata=...)`, `context.metadata`, `save_metadata()`), e.g. its progress. NULL
+    # until something is given: an enqueue without metadata writes nothing more.
+    metadata = models.JSONField(null=True, blank=True)
 
     objects = TaskQuerySet.as_manager()
 
@@ -226,22 +230,42 @@ class Attempt(models.Model):
         return f"attempt {self.number} of {self.task_id}: {self.outcome}"
 
 
+class Step(models.Model):
+    """A durable step's recorded result (ox.steps): one row per task and step name, written
+    when the step first returned, fenced to the attempt that ran it. Like ox_attempt, keyed
+    by task id without a constraint, so it stays with a task that moves to the archive."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, db_constraint=False, related_name="steps")
+    name = models.CharField(max_length=200)
+    result = models.JSONField(null=True)
+    attempt = models.PositiveIntegerField()  # the attempt that ran it
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "ox_step"
+        constraints = [models.UniqueConstraint(fields=["task", "name"], name="ox_step_task_name")]
+
+    def __str__(self) -> str:
+        return f"step {self.name!r} of {self.task_id}"
+
+
 class Worker(models.Model):
     id = models.CharField(primary_key=True, max_length=128)
     host = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
     queues = models.JSONField(default=list)
     concurrency = models.PositiveIntegerField(default=1)
-    # PostgreSQL: the worker holds a session advisory lock on this key for its life, so a
+    # PostgreSQL, MariaDB: the worker holds a session lock (advisory, named) on this key for its life, so a
     # rescuer can tell a dead worker from a slow one without waiting for its leases.
     lock_key = models.IntegerField(default=0)
     started_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField()
-    # PostgreSQL: when a rescuer first found this worker's liveness lock free. A live worker
+    # PostgreSQL, MariaDB: when a rescuer first found this worker's liveness lock free. A live worker
     # that reconnects within the grace (its heartbeat clears this) keeps its tasks.
     lock_lost_at = models.DateTimeField(null=True, blank=True)
     stopped_at = models.DateTimeField(null=True, blank=True)
-    # PostgreSQL: set while the worker waits with free slots, so enqueues of its queues notify
+    # PostgreSQL, MariaDB: set while the worker waits with free slots, so enqueues of its queues notify
     # (ox.idle, migration 0012); a busy worker clears it and producers stop notifying.
     idle_since = models.DateTimeField(null=True, blank=True)
 

@@ -80,6 +80,7 @@ def prune_batch(
         match, params = d.in_list(ids)
         # Explicitly: ox_attempt has no foreign key constraint (an archived task's attempts stay).
         cursor.execute(f"DELETE FROM ox_attempt WHERE task_id {match}", params)
+        cursor.execute(f"DELETE FROM ox_step WHERE task_id {match}", params)  # ox.steps: likewise
         cursor.execute(f"DELETE FROM {table} WHERE id {match}", params)
         return cursor.rowcount
 
@@ -116,20 +117,58 @@ def prune(
     return result
 
 
+def prune_workers(conn: BaseDatabaseWrapper, cutoff: datetime, limit: int = 1000, wait: bool = True) -> int | None:
+    """Delete up to `limit` rows of ox_worker that stopped before `cutoff`, or that never
+    stopped (a worker SIGKILLed, its host gone) and last beat before it; never one a RUNNING
+    task or a slot still names (its rescue reads the row). None: another pruner holds the lock."""
+    d = driver(conn)
+    ts = conn.ops.adapt_datetimefield_value(cutoff)
+    # Rows of workers whose session still holds its liveness lock are kept: such a worker is
+    # alive however long it has been silent (paused, swapping), and its heartbeat, back, would
+    # update no row.
+    alive, alive_params = d.lock_not_held(conn, "w.lock_key")
+    with atomic_on(conn) as cursor:
+        if not d.duty_lock(cursor, PRUNER_KEY, wait):
+            return None
+        cursor.execute(
+            "SELECT id FROM ox_worker w WHERE (w.stopped_at < %s OR (w.stopped_at IS NULL AND w.heartbeat_at < %s))"
+            " AND NOT EXISTS (SELECT 1 FROM ox_task t WHERE t.status = 'RUNNING' AND t.worker_id = w.id)"
+            " AND NOT EXISTS (SELECT 1 FROM ox_slot s WHERE s.worker_id = w.id)"
+            f"{alive} LIMIT %s{d.skip_locked}",
+            [ts, ts, *alive_params, limit],
+        )
+        ids = [r[0] for r in cursor.fetchall()]
+        if not ids:
+            return 0
+        match, params = d.in_list(ids)
+        cursor.execute(f"DELETE FROM ox_worker WHERE id {match}", params)
+        return cursor.rowcount
+
+
+
 class Pruner:
     """A worker's pruning duty. The worker calls it often; it prunes every `interval`
     seconds, or again at once when the last round ran out of its time budget."""
 
-    def __init__(self, rules: dict[str, timedelta], interval: float, batch_size: int) -> None:
+    def __init__(
+        self, rules: dict[str, timedelta], interval: float, batch_size: int, workers: timedelta | None = None
+    ) -> None:
         self.rules = rules
         self.interval = interval
         self.batch_size = batch_size
+        self.workers = workers  # ox_worker rows' retention (None: kept)
         self.next_at = 0.0  # monotonic
 
     def run(self, conn: Any, now: datetime) -> None:
         if time.monotonic() < self.next_at:
             return
         result = prune(conn, self.rules, now, self.batch_size, wait=False, budget=DUTY_BUDGET)
+        if self.workers is not None and result.done:
+            gone = prune_workers(conn, now - self.workers, self.batch_size, wait=False)
+            if gone:
+                logger.info("pruned %s worker rows", gone)
+                if gone >= self.batch_size:
+                    result.done = False  # more to go: again at the next call
         # Out of budget: carry on at the next call. Busy: the other pruner has it in hand.
         if result.done or result.busy:
             self.next_at = time.monotonic() + self.interval

@@ -10,6 +10,7 @@ from django.tasks.exceptions import InvalidTask
 from django.utils.module_loading import import_string
 
 from ox.exceptions import TaskCancelled, class_path
+from ox.metadata import OxTaskResult
 from ox.models import Attempt, Outcome, Status
 from ox.models import TaskBase as TaskRow  # a row of ox_task or of the archive
 
@@ -84,7 +85,7 @@ def ready_result(row: Any, task: DjangoTask, backend_alias: str) -> TaskResult:
     enqueued_as = (row.priority, row.queue, backend_alias)
     if row.scheduled_for is not None or (task.priority, task.queue_name, task.backend) != enqueued_as:
         task = with_row_settings(task, row.priority, row.queue, row.scheduled_for, backend_alias)
-    result = object.__new__(TaskResult)
+    result = object.__new__(OxTaskResult)
     put = object.__setattr__  # frozen dataclass: how its own __init__ sets fields
     put(result, "task", task)
     put(result, "id", str(row.id))
@@ -99,6 +100,7 @@ def ready_result(row: Any, task: DjangoTask, backend_alias: str) -> TaskResult:
     put(result, "errors", [])
     put(result, "worker_ids", [])
     put(result, "_return_value", None)
+    put(result, "metadata", {} if row.metadata is None else dict(row.metadata))
     return result
 
 
@@ -114,7 +116,7 @@ def build_result(
     if claimed_unstarted(row):
         status = TaskResultStatus.READY
         last_attempted_at = max((a.started_at for a in attempts if a.started_at), default=None)
-    result = TaskResult(
+    result = OxTaskResult(
         task=task,
         id=str(row.id),
         status=status,
@@ -127,6 +129,7 @@ def build_result(
         backend=backend_alias,
         errors=errors,
         worker_ids=worker_ids,
+        metadata=row.metadata if isinstance(row.metadata, dict) else {},
     )
     if row.status == Status.SUCCESSFUL:
         object.__setattr__(result, "_return_value", row.return_value)

@@ -36,10 +36,6 @@ __all__ = [
 ]
 
 
-def is_postgres(conn: BaseDatabaseWrapper) -> bool:
-    return conn.vendor == "postgresql"
-
-
 @contextmanager
 def transaction(conn: BaseDatabaseWrapper) -> Iterator[Any]:
     """A transaction on a connection left in autocommit (IMMEDIATE on SQLite, so the write

@@ -20,7 +20,7 @@ from django.tasks import task_backends
 from ox import archive, clock
 from ox.backend import OxBackend
 from ox.health import backlog, running_counts
-from ox.models import FINISHED, ArchivedTask, Attempt, Status, Task, TaskBase, Worker
+from ox.models import FINISHED, ArchivedTask, Attempt, Status, Step, Task, TaskBase, Worker
 from ox.results import attempts_to_load
 
 WINDOW = timedelta(hours=1)  # throughput, failure rate and the per-minute chart
@@ -187,6 +187,7 @@ def leases(limit: int = 200, using: str | None = None) -> tuple[list[Task], int]
             "last_attempted_at",
             "lease_expires_at",
             "cancel_requested",
+            "metadata",  # the progress column (ox.metadata)
         )[:limit]
     )
     return rows, (len(rows) if len(rows) < limit else running.count())
@@ -254,6 +255,19 @@ def attempts_of(task: TaskBase) -> list[Attempt]:
     if not attempts_to_load(task):
         return []
     return archive.attempts_of(task)
+
+
+def reporting(limit: int = 5, using: str | None = None) -> list[Task]:
+    """Running tasks that report something about themselves (ox.metadata: a progress, a
+    stage), longest running first. Read through the RUNNING index: as many rows as run."""
+    running = Task.objects.using(using).running().filter(metadata__isnull=False)
+    return list(running.order_by("last_attempted_at").only("id", "task_path", "queue", "metadata")[:limit])
+
+
+def steps_of(task: TaskBase) -> list[Step]:
+    """The task's recorded durable steps (ox.steps), in the order they ran: one index range
+    (ox_step_task_name leads with the task id)."""
+    return list(Step.objects.using(task._state.db).filter(task_id=task.pk).order_by("started_at", "id"))
 
 
 # How far an id's embedded timestamp may sit from enqueued_at (both are taken at enqueue, a few

@@ -8,6 +8,7 @@ from typing import Any
 from django.tasks import Task
 
 from ox.flow.unique import KeyPlan, Unique, as_by, as_unique, check_limit_key
+from ox.metadata import checked
 
 # (exception, task_result) -> seconds | timedelta | None (None: give up, no more attempts)
 Backoff = Callable[[BaseException, Any], float | int | timedelta | None]
@@ -28,6 +29,8 @@ class OxTask(Task):
     # How this task's unique key is made, worked out once (ox.flow.unique.KeyPlan): per call
     # it would cost more than the index it feeds.
     unique_plan: KeyPlan | None = field(default=None, init=False, repr=False, compare=False)
+    # Metadata the next enqueue stores with the task (ox.metadata; using(metadata=...)).
+    metadata: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "unique", as_unique(self.unique))
@@ -43,11 +46,13 @@ class OxTask(Task):
         unique: Any = _UNSET,
         unique_key: str | None = None,
         limit_key: str | None = None,
+        metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> "OxTask":
         """Django's using() (priority, queue_name, run_after, backend), and per call:
         unique= (as @task takes it), unique_key= (unique under this key, whatever the
-        arguments), limit_key= (the key its queue's per-key limits count it under)."""
+        arguments), limit_key= (the key its queue's per-key limits count it under),
+        metadata= (a JSON object stored with the task: ox.metadata)."""
         task = Task.using(self, **kwargs)
         changes: dict[str, Any] = {}
         if unique is not _UNSET:
@@ -57,4 +62,6 @@ class OxTask(Task):
             changes["unique"] = replace(base, key=unique_key, by=None)
         if limit_key is not None:
             changes["limit_key"] = check_limit_key(limit_key)
+        if metadata is not None:
+            changes["metadata"] = checked(metadata)
         return replace(task, **changes) if changes else task

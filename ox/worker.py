@@ -20,11 +20,11 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
-from ox import clock, sql
+from ox import clock, sql, upkeep
 from ox.backend import OxBackend
 from ox.claims import Claims, Held
 from ox.completer import Completer
-from ox.connection import open_worker_connection
+from ox.connection import IDLE_LIMIT, open_worker_connection
 from ox.db import driver
 from ox.duties import Duty, worker_duties
 from ox.enqueue import database_for
@@ -46,7 +46,7 @@ EXIT_OK = 0
 EXIT_LEFT_BEHIND = 1
 EXIT_STUCK = 3
 _WAKE = object()  # a stop request
-_NOTIFIED = object()  # PostgreSQL says tasks were enqueued
+_NOTIFIED = object()  # the listener says tasks were enqueued
 _STARTED = object()  # a task body started: its start is written with the next heartbeat
 START_MARK_DELAY = 0.5  # seconds: the heartbeat comes at most this long after a body starts
 
@@ -159,7 +159,7 @@ class Worker:
         self.sync.route = self.aio.route = self._resume
         listen_alias = self.options.listen_alias(self.alias)
         if listen_alias is not None and Listener.available(listen_alias):
-            self.listener = Listener(listen_alias, self._on_notify, self.settings.queues)
+            self.listener = Listener(listen_alias, self._on_notify, self.settings.queues, self.lock_key)
             self.listener.start()
         event(
             logger,
@@ -214,7 +214,10 @@ class Worker:
             self.outcomes.put(_STARTED)
 
     def _connect(self) -> None:
-        self.conn = open_worker_connection(self.alias, pooled=self.options.pooled)
+        # The session is never silent for longer than a heartbeat: a server-side idle limit
+        # well above that ends it only when the worker is gone or cut off (ox.connection).
+        idle = max(IDLE_LIMIT, 10 * self.options.heartbeat)
+        self.conn = open_worker_connection(self.alias, pooled=self.options.pooled, idle_limit=idle)
         if self.lock_key:
             sql.hold_worker_lock(self.conn, self.lock_key)
 
@@ -353,6 +356,7 @@ class Worker:
         while True:
             if item is _NOTIFIED:
                 self.notified.clear()
+                self.idle.woken = True
                 self.more_waiting = True
                 self.next_async_probe = 0.0  # what was enqueued may be async
                 self.flow.woken()
@@ -388,59 +392,10 @@ class Worker:
 
     # ---------------------------------------------------------------- leases, rescue, duties
     def _maintain(self) -> None:
-        if self.reconnected:
-            # Back after an outage: what finished meanwhile is written first (fenced), and
-            # leases renewed, before this worker's rescuer may judge anyone's leases.
-            self.reconnected = False
-            self.completer.flush(self.conn)
-            self.next_heartbeat = 0.0
-        now = time.monotonic()
-        if now >= self.next_heartbeat:
-            self.next_heartbeat = now + self.options.heartbeat
-            self.leases.heartbeat()
-        prefetched = any(ex.waiting() for ex in (self.sync, self.aio) if ex is not None)
-        if self.slots.sized or prefetched:
-            # Between claims too (its threads may all be busy): a queue paused, or claimed by
-            # the gate now, gets its parked tasks back within a second, before they start;
-            # tasks claimed ahead go back if a limit they would hold was set meanwhile.
-            self.flow.refresh(self.conn)
-            self.leases.give_back_if_tightened()
-        if self.slots.sized:
-            self.slots.follow(self.conn, self.flow.slotted, set(self.flow.gated), self.flow.paused)
-            self.claims.top_up_slots()
-        if now >= self.next_rescue and now - self.reconnected_at < self.options.liveness_grace:
-            self.next_rescue = self.reconnected_at + self.options.liveness_grace
-        elif now >= self.next_rescue:
-            self.next_rescue = now + self.options.rescue_interval
-            if self.leases.rescue():
-                # A worker was just found without its lock: look again when its grace is up.
-                self.next_rescue = min(self.next_rescue, now + self.options.liveness_grace + 0.05)
-        self.leases.enforce(now)
-        for duty, next_run in self.duties:
-            if now >= next_run[0]:
-                next_run[0] = now + duty.interval
-                try:
-                    duty.run(self.conn, clock.db_now(self.conn))
-                except (OperationalError, InterfaceError):
-                    raise
-                except Exception as exc:  # noqa: BLE001  (a duty's bug must not stop the tasks)
-                    event(logger, logging.ERROR, f"duty {duty.name} failed: {exc!r}", worker=self.id)
+        upkeep.maintain(self)
 
     def _hand_back(self) -> None:
-        """Claims that have not started go back to READY without spending an attempt:
-        at shutdown every one waiting, otherwise those the loop set aside."""
-        taken: list[Key] = list(self.to_hand_back)
-        if self.stopping or self.stuck:
-            taken += [p.key for ex in (self.sync, self.aio) if ex is not None for p in ex.take_back()]
-        if not taken:
-            return
-        count = sql.hand_back(self.conn, taken, clock.db_now(self.conn))
-        self.to_hand_back = []
-        for key in taken:
-            self.held.pop(key, None)
-        self.claimed_total -= len(taken)
-        if self.stopping:
-            event(logger, logging.INFO, "handed back claimed tasks that had not started", count=count, worker=self.id)
+        upkeep.hand_back(self)
 
     def interrupt(self, key: Key, exc_type: type[TaskCancelled] | type[TaskTimeout]) -> None:
         held = self.held.get(key)

@@ -56,6 +56,22 @@ class WorkerProcess:
         self._log_file.close()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_executor_connection() -> Iterator[None]:
+    """Close the connections held by asgiref's shared executor thread after every test.
+
+    sync_to_async runs Django's ORM in one long-lived thread when no async_to_sync is around
+    (an asyncio.run in a thread of a test's own). Its connection outlives the test that opened
+    it, and tests that end every session of the database (pg_terminate_backend, KILL) leave it
+    dead: Django checks usability only around requests, so a later test's aenqueue failed on
+    "terminating connection due to administrator command" (CI, PostgreSQL leg)."""
+    yield
+    from asgiref.sync import SyncToAsync
+    from django.db import connections
+
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=30)
+
+
 @pytest.fixture
 def worker_env() -> dict[str, str]:
     env = dict(os.environ)

@@ -224,13 +224,22 @@ def test_a_rate_set_at_run_time_sends_back_what_was_claimed_ahead(start_worker):
 
 
 def test_a_key_rate_set_at_run_time_sends_back_what_was_claimed_ahead(start_worker):
-    """key_concurrency 1 alone, 8 keys x 5 tasks of 0.2 s, 4 threads, always prefetch (one
+    """key_concurrency 1 alone, 8 keys x 5 tasks (2 s, then 0.4 s), 4 threads, always prefetch (one
     task of each key claimed, 4 of them ahead of the threads): a key_rate of 1/s set at run
     time sends back what was claimed ahead; from then on the starts of a key are about a
-    second apart."""
+    second apart. (The tasks claimed ahead must still be waiting when the worker reads the
+    new limit, within a second: with 0.2 s tasks on MariaDB, and 0.4 s ones on a busy CI
+    machine, they had sometimes all started.)"""
     from ox.flow import queues
 
-    enqueue_many(f.per_account, [((f"q{k}-{i:02d}", 0.2), {"account": f"q{k}"}) for i in range(5) for k in range(8)])
+    # Each key's first task runs 2 s: the four claimed ahead of the threads wait behind them
+    # at least that long, so they are still waiting when the worker reads the new limit
+    # (within a second) however slow the machine. With 0.4 s everywhere, a busy CI machine
+    # had started them all first and nothing was given back.
+    enqueue_many(
+        f.per_account,
+        [((f"q{k}-{i:02d}", 2.0 if i == 0 else 0.4), {"account": f"q{k}"}) for i in range(5) for k in range(8)],
+    )
     worker = start_worker("--queues", "emails", "--concurrency", "4", env=env_for({"key_concurrency": 1}))
     wait_until(lambda: Span.objects.count() >= 4, timeout=30)
     queues.set_limits("emails", {"key_rate": "1/s"}, by="test")

@@ -52,9 +52,10 @@ def test_plan_is_consistent():
     assert full_by_name["kill"].params["n"] == 2000
 
 
-def fake_harness(tmp_path, cells):
+def fake_harness(tmp_path, cells, arms="ox,django-tasks-db,django-ox"):
+    # The Django arms by default: pgqueuer's place in the matrix is tested in test_bench_pgqueuer.
     args = argparse.Namespace(
-        quick=True, arms="", pg_url="postgres://nobody@127.0.0.1:1", cells=cells, out=str(tmp_path / "r.json")
+        quick=True, arms=arms, pg_url="postgres://nobody@127.0.0.1:1", cells=cells, out=str(tmp_path / "r.json")
     )
     harness = Harness(args)
     harness.doc = {

@@ -95,7 +95,8 @@ def test_overview_partial_query_count(client, staff, django_assert_max_num_queri
         make_task(Status.RUNNING, queue=queue)
     # session + user + its permissions (user and group: may it view tasks?) + four stats queries
     # + the ox_queue rows (each queue's pause and run-time limits, shown since flow control)
-    with django_assert_max_num_queries(9):
+    # + the running tasks that report progress (ox.metadata)
+    with django_assert_max_num_queries(10):
         response = client.get(reverse("dashboard:overview"), headers={"HX-Request": "true"})
     assert response.status_code == 200
 
@@ -199,8 +200,9 @@ def test_task_detail_404(client, staff):
 
 def test_task_detail_query_count(client, staff, django_assert_max_num_queries):
     task = make_task(Status.SUCCESSFUL, return_value={"ok": True})
-    # session, user, its two permission reads, the task; a success has no attempt rows
-    with django_assert_max_num_queries(5):
+    # session, user, its two permission reads, the task, its steps (ox.steps); a success has
+    # no attempt rows
+    with django_assert_max_num_queries(6):
         response = client.get(reverse("dashboard:task", args=[task.pk]), headers={"HX-Request": "true"})
     assert b"&quot;ok&quot;: true" in response.content
 

@@ -33,7 +33,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
 from ox import sql
-from ox.connection import keepalive_settings, open_worker_connection
+from ox.connection import open_worker_connection
+from ox.db.postgresql.session import keepalive_settings
 from tests.conftest import ROOT
 from tests.helpers import wait_until
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from django.tasks import TaskResultStatus, task_backends
 
-from demo import tasks as demo_tasks
 from oxproject.logging import JsonFormatter
+from tests import production_tasks
 from tests.conftest import ROOT, database_url
 from tests.helpers import wait_until
 
@@ -122,7 +122,7 @@ def test_gunicorn_and_worker_from_the_entrypoint(tmp_path, processes):
     wait_until(web_answers, timeout=90, interval=0.2)
 
     # A task enqueued here is run by the worker the entrypoint started.
-    result = demo_tasks.add.enqueue(2, 3)
+    result = production_tasks.add.enqueue(2, 3)
     backend = task_backends["default"]
     wait_until(lambda: backend.get_result(result.id).status == TaskResultStatus.SUCCESSFUL, timeout=60)
     assert backend.get_result(result.id).return_value == 5

@@ -104,18 +104,19 @@ def test_oldest_rows_go_first():
     TASKS={"default": {**TASKS["default"], "OPTIONS": {"PRUNE": {"SUCCESSFUL": "1d", "FAILED": 7 * 86400}}}}
 )
 def test_without_older_than_the_options_rules_apply():
+    """PRUNE is laid over the defaults: CANCELLED keeps its 7 days."""
     make(Status.SUCCESSFUL, timedelta(days=2), n=2)
     make(Status.FAILED, timedelta(days=2), n=2)
     make(Status.CANCELLED, timedelta(days=60), n=1)
+    make(Status.CANCELLED, timedelta(days=6), n=1)
     output = run()
-    assert "SUCCESSFUL: deleted 2" in output and "FAILED: deleted 0" in output and "CANCELLED" not in output
+    assert "SUCCESSFUL: deleted 2" in output and "FAILED: deleted 0" in output and "CANCELLED: deleted 1" in output
     assert counts()["FAILED"] == 2 and counts()["CANCELLED"] == 1
 
 
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        ((), "Give --older-than"),
         (("--older-than", "soon"), "not a duration"),
         (("--older-than", "1d", "--status", "READY"), "finished statuses"),
         (("--older-than", "1d", "--batch-size", "0"), "at least 1"),

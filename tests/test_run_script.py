@@ -50,11 +50,11 @@ def children(pid: int) -> list[int]:
 class RunScript:
     """./run as a child process, stopped by its pid with the Ctrl-C it expects."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
+    def __init__(self, env: dict[str, str], log: Path, tree: Path = ROOT) -> None:
         self.log = log
         self._file = log.open("wb")
-        command = [str(ROOT / "run")]
-        self.proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self._file, stderr=subprocess.STDOUT)
+        command = [str(tree / "run")]
+        self.proc = subprocess.Popen(command, cwd=tree, env=env, stdout=self._file, stderr=subprocess.STDOUT)
         self.seen_children: set[int] = set()
 
     def output(self) -> str:
@@ -99,10 +99,7 @@ def get(url: str) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def test_run_serves_debug_on_loopback_with_private_files(tmp_path, started):
-    port = free_port()
-    run = RunScript(run_env(tmp_path, f"127.0.0.1:{port}"), tmp_path / "run.log")
-    started.append(run)
+def wait_for_login_page(run: RunScript, port: int) -> None:
     deadline = time.monotonic() + 240  # a fresh clone's first ./run installs the requirements
     while True:
         assert run.proc.poll() is None, run.output()
@@ -111,10 +108,17 @@ def test_run_serves_debug_on_loopback_with_private_files(tmp_path, started):
         try:
             status, _ = get(f"http://127.0.0.1:{port}/accounts/login/")
             if status == 200:
-                break
+                return
         except OSError:
             pass
         time.sleep(0.5)
+
+
+def test_run_serves_debug_on_loopback_with_private_files(tmp_path, started):
+    port = free_port()
+    run = RunScript(run_env(tmp_path, f"127.0.0.1:{port}"), tmp_path / "run.log")
+    started.append(run)
+    wait_for_login_page(run, port)
     # DEBUG is on because ./run turned it on: a 404 is DEBUG's page, listing the URLconf.
     status, body = get(f"http://127.0.0.1:{port}/no-such-page/")
     assert status == 404 and b"URLconf" in body
@@ -126,6 +130,19 @@ def test_run_serves_debug_on_loopback_with_private_files(tmp_path, started):
     for side in var.glob("db.sqlite3-*"):  # WAL and shared memory while the servers run
         assert stat.S_IMODE(side.stat().st_mode) == 0o600, side.name
     assert "staff login: admin / " in run.output()
+    # The demo's trickle (demo/apps.py: under ./run only): the overview's chart keeps moving.
+    import sqlite3
+    import time
+
+    def trickled() -> int:
+        with sqlite3.connect(var / "db.sqlite3") as conn:
+            query = "SELECT count(*) FROM ox_task WHERE task_path = ? AND status = 'SUCCESSFUL'"
+            return conn.execute(query, ["demo.tasks.trickle"]).fetchone()[0]
+
+    deadline = time.monotonic() + 30
+    while trickled() < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert trickled() >= 2, run.output()
     assert run.stop() == 0, run.output()
 
 

@@ -16,9 +16,9 @@ from django.template.defaultfilters import filesizeformat
 from django.test import override_settings
 from django.urls import reverse
 
+from ox.db.mysql.health import InnoDBTableHealth
 from ox.metrics import render_metrics
 from ox.tablehealth import table_health
-from ox.tablehealth_innodb import InnoDBTableHealth
 from tests import tasks
 from tests.helpers import wait_until
 from tests.test_dashboard_health import tasks_with

@@ -20,6 +20,11 @@ class Arm:
     done_status = "SUCCESSFUL"
     terminal_statuses: tuple[str, ...] = ("SUCCESSFUL", "FAILED")
     bulk_path = ""  # how bulk_enqueue works, reported with the bulk cell
+    # The module a worker process runs: a manage.py for the Django arms (bench.launch).
+    launcher = "bench.launch"
+    # Jobs of this arm that replace the shared ones of the same name (bench.jobs, bench.scale):
+    # job name -> "module:function". Empty for the Django arms.
+    job_overrides: dict[str, str] = {}
 
     # ---- workers
     def worker_argv(self, concurrency: int, ident: str, interval: float | None, queue: str = "default") -> list[str]:

@@ -91,6 +91,22 @@ def pretty_json(value: Any) -> str:
 
 
 @register.filter
+def progress(metadata: Any) -> float | None:
+    """A task's `progress` from its metadata (ox.metadata), as a fraction 0..1; None when it
+    reports none, or something that is not a finite number in that range."""
+    value = metadata.get("progress") if isinstance(metadata, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        return None  # NaN fails the comparison too
+    return float(value)
+
+
+@register.inclusion_tag("dashboard/_progress.html")
+def progress_bar(metadata: Any) -> dict[str, Any]:
+    stage = metadata.get("stage") if isinstance(metadata, dict) else None
+    return {"fraction": progress(metadata), "stage": stage if isinstance(stage, str) else None}
+
+
+@register.filter
 def short_id(value: Any) -> str:
     """The last 12 hex digits: the random tail, unique enough to tell rows apart on screen."""
     return str(value)[-12:]

@@ -38,4 +38,28 @@ def health(request: HttpRequest, now: datetime | None = None) -> HttpResponse:
         context["postgres"] = database.vendor == "postgresql"
         context["innodb"] = database.vendor == "mysql"  # MariaDB, MySQL: InnoDB's figures instead
         context["table"] = table_health(max_xact_age=max_xact_age())
+    if part is None:
+        context["retention"] = retention()
     return render_page(request, "dashboard/health.html", context, part or "live")
+
+
+def retention() -> list[dict[str, object]]:
+    """Per ox backend, the retention in force: seconds per finished status (SUCCESSFUL,
+    CANCELLED, FAILED; None: kept), of worker rows, and until the archive (None: never)."""
+    out: list[dict[str, object]] = []
+    for backend in task_backends.all():
+        if not isinstance(backend, OxBackend):
+            continue
+        rules, options = backend.config.prune_rules(), backend.config
+        workers, archive = options.worker_retention(), options.archive_age()
+        out.append(
+            {
+                "backend": backend.alias,
+                "statuses": [
+                    rules[s].total_seconds() if s in rules else None for s in ("SUCCESSFUL", "CANCELLED", "FAILED")
+                ],
+                "workers": None if workers is None else workers.total_seconds(),
+                "archive": None if archive is None else archive.total_seconds(),
+            }
+        )
+    return out

@@ -43,5 +43,11 @@ def overview(request: HttpRequest) -> HttpResponse:
             {"label": "failed", "data": data.failed_per_minute, "color": "#d64545"},
         ],
     }
-    context = {"overview": data, "rows": queue_rows(data), "chart": chart, "count_cap": COUNT_CAP}
+    context = {
+        "overview": data,
+        "rows": queue_rows(data),
+        "chart": chart,
+        "count_cap": COUNT_CAP,
+        "reporting": stats.reporting(),
+    }
     return render_page(request, "dashboard/overview.html", context, "live")

@@ -64,6 +64,7 @@ def task_detail(request: HttpRequest, pk: str) -> HttpResponse:
     context = {
         "task": task,
         "attempts": attempts,
+        "steps": stats.steps_of(task),
         "events": events(task, attempts),
         "now": timezone.now(),
         "active": task.status not in FINISHED,

@@ -1,6 +1,9 @@
 """ox's drivers: one module per database holding its statements, behind the operations
-ox.sql names. A connection's driver is chosen by its vendor; adding a database is adding a
-driver here (and its CI leg)."""
+ox.sql names, and what else only that database has: its worker session's settings
+(ox.connection), its table health (ox.tablehealth), a backlog count of its own (ox.health),
+its collation check (ox.checks); ox.db.base gives the generic answer to each. A connection's
+driver is chosen by its vendor, here and nowhere else outside ox/db/ (the migrations aside:
+tests/test_driver_boundary.py); adding a database is adding a driver here (and its CI leg)."""
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.base.base import BaseDatabaseWrapper

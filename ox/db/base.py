@@ -12,6 +12,7 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox.db.dialect import Dialect
+from ox.db.notes import TaskNotes
 from ox.db.rows import Claimed, Completion, Failure, NewTask, WorkerRow, read_id, read_ts
 from ox.db.walks import LEVEL_READY, Gate, distinct, levels_cte
 
@@ -24,7 +25,7 @@ RESCUER_KEY = 0
 INSERT_COLUMNS = (
     "id, task_path, queue, priority, status, args, kwargs, run_after, enqueued_at,"
     " attempts, max_attempts, worker_id, fence, cancel_requested, is_async, scheduled_for,"
-    " unique_key, unique_states, unique_until, limit_key"
+    " unique_key, unique_states, unique_until, limit_key, metadata"
 )
 
 # ox.models.UNIQUE_HELD as SQL: the rows that hold their unique key.
@@ -53,7 +54,7 @@ _INSERT_ATTEMPT = (
 Held = tuple[uuid.UUID, int]  # a claim: (task id, fence)
 
 
-class Driver(Dialect):
+class Driver(TaskNotes, Dialect):
     """One database's statements. Stateless: one instance per vendor serves every connection."""
 
     # ------------------------------------------------------------------ claim (per driver)
@@ -160,7 +161,7 @@ class Driver(Dialect):
     def one_row(self, conn: BaseDatabaseWrapper, r: NewTask) -> tuple[str, list[object]]:
         sql = (
             f"INSERT INTO ox_task ({INSERT_COLUMNS}) VALUES (%s, %s, %s, %s, 'READY', %s, %s, %s, %s, 0, %s, '', 0,"
-            f" {self.false}, %s, %s, %s, %s, %s, %s)"
+            f" {self.false}, %s, %s, %s, %s, %s, %s, %s)"
         )
         params = [
             self.id(r.id),
@@ -178,6 +179,7 @@ class Driver(Dialect):
             r.unique_states,
             self.ts(conn, r.unique_until),
             r.limit_key,
+            None if r.metadata is None else json.dumps(r.metadata),
         ]
         return sql, params
 
@@ -320,3 +322,37 @@ class Driver(Dialect):
     def worker_stopped(self, conn: BaseDatabaseWrapper, worker_id: str, now: datetime) -> None:
         with conn.cursor() as cursor:
             cursor.execute("UPDATE ox_worker SET stopped_at = %s WHERE id = %s", [self.ts(conn, now), worker_id])
+
+    # ------------------------------------------------------------------ around the operations
+    # What a database needs or can tell beyond ox's statements, each a no-op or None here so a
+    # new database's driver overrides only what it has.
+    def worker_options(self, options: dict[str, Any], pooled: bool, idle_limit: float) -> dict[str, str] | None:
+        """Tune a worker connection's OPTIONS (a copy of the database's, in place); the
+        settings start_worker_session gives its server session at every connect, or None.
+        `pooled`: behind a transaction pooler; `idle_limit`: the longest the worker leaves
+        the session silent (ox.connection)."""
+        return None
+
+    def start_worker_session(self, conn: BaseDatabaseWrapper, server: dict[str, str]) -> None:
+        """Apply what worker_options returned to a worker connection that just connected."""
+
+    def table_health(self, conn: BaseDatabaseWrapper, max_xact_age: float, table: str) -> Any:
+        """What the database says of `table`'s health (ox.tablehealth): its own dataclass, or
+        None where it says nothing, or the table does not exist yet."""
+        return None
+
+    def backlog_rows(self, conn: BaseDatabaseWrapper, now: datetime, limit: int) -> list[tuple[Any, ...]] | None:
+        """(queue, due, scheduled, oldest due run_after) per queue with READY tasks, each
+        count stopping at `limit`, in queue order, where the database has a bounded statement
+        for it; None: ox.health counts with the ORM."""
+        return None
+
+    def lock_not_held(self, conn: BaseDatabaseWrapper, key: str) -> tuple[str, list[Any]]:
+        """A condition on the worker lock key `key` (a column): true unless a live session
+        holds that worker's liveness lock. Where there are no session locks, always true."""
+        return "", []
+
+    def collation_problems(self, conn: BaseDatabaseWrapper) -> list[str]:
+        """What is wrong with how ox's tables compare text (the check ox.W007); nothing
+        where the database's defaults compare as ox needs."""
+        return []

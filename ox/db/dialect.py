@@ -3,16 +3,64 @@ clauses, what the database can do) and the small statement forms that differ, ea
 form most databases take here and a driver overriding what its database spells otherwise."""
 
 import json
+import logging
+import random
+import threading
+import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, ClassVar
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+logger = logging.getLogger("ox")
+
 # Set on a connection while one of ox's own transactions is open on it (Dialect.transaction).
 _OPEN = "_ox_transaction_open"
+CHANNEL = "ox_task"  # PostgreSQL: the enqueue trigger's (migrations 0005, 0010, 0012)
+_AFTER = "_ox_after_commit"  # key -> what runs once that transaction commits
+_ON_COMMIT = "_ox_on_commit"  # (key, savepoint level) -> what was last given to Django's on_commit
+
+
+def after_deadlock(attempt: int) -> None:
+    """Pause before a deadlock victim runs again. Victims that go again at once meet each other
+    again (InnoDB: producers of one key each hold a shared lock on it and each want it
+    exclusively), so on a busy machine ten quick tries could all lose: a random pause, doubling
+    with the attempt up to 0.2 s, lets one of them through first."""
+    time.sleep(random.uniform(0, min(0.2, 0.005 * 2**attempt)))  # noqa: S311 (not crypto)
+
+
+def pending_commit(conn: BaseDatabaseWrapper, key: str, make: Callable[[], Callable[[], None]]) -> Any:
+    """The callable that runs once the open transaction commits, made by `make` the first
+    time `key` is asked for in that transaction or savepoint (and forgotten if it rolls
+    back); None when no transaction is open (autocommit: act now). In the caller's atomic()
+    it goes to Django's on_commit (robust: an error in it is logged, the commit stands)."""
+    if conn.in_atomic_block:
+        # One per savepoint level: what a savepoint's enqueues registered goes with it when
+        # it rolls back (Django drops the callbacks made inside it).
+        level = (key, tuple(conn.savepoint_ids))
+        made = conn.__dict__.setdefault(_ON_COMMIT, {})
+        fn = made.get(level)
+        if fn is None or not any(f is fn for _sids, f, _robust in conn.run_on_commit):
+            fn = made[level] = make()
+            conn.on_commit(fn, robust=True)
+        return fn
+    if getattr(conn, _OPEN, False):
+        after = conn.__dict__.setdefault(_AFTER, {})
+        if key not in after:
+            after[key] = make()
+        return after[key]
+    return None
+
+
+def _run_after_commit(conn: BaseDatabaseWrapper) -> None:
+    for fn in conn.__dict__.pop(_AFTER, {}).values():
+        try:
+            fn()
+        except Exception:  # noqa: BLE001  (committed is committed; what follows is a courtesy)
+            logger.exception("ox: an after-commit step failed")
 
 
 class Dialect:
@@ -27,6 +75,8 @@ class Dialect:
     # for a lease to run out), and whether enqueues can wake workers (LISTEN/NOTIFY).
     session_locks: ClassVar[bool] = False
     notifies: ClassVar[bool] = False
+    # Whether a wake-up can be lost on the way (then a short claim it led to looks again).
+    lossy_wakeups: ClassVar[bool] = False
     vacuums: ClassVar[bool] = False  # whether ox's vacuum duty (ox.vacuum) applies
     # The server's clock (ox.clock), read now and then; "" where the database has none of
     # its own (SQLite: this machine's).
@@ -63,7 +113,22 @@ class Dialect:
         return f" ON CONFLICT ({', '.join(conflict)}) DO UPDATE SET {sets}"
 
     def notify(self, cursor: Any, channel: str, payload: str) -> None:
-        """Wake whoever listens on `channel` (where the database can; elsewhere workers poll)."""
+        """Wake the idle workers of queue `payload` once the open transaction commits (where
+        the database can; elsewhere workers poll)."""
+
+    def listen(
+        self,
+        conn: BaseDatabaseWrapper,
+        lock_key: int,
+        queues: frozenset[str],
+        wake: Callable[[], None],
+        stopped: threading.Event,
+        ready: Callable[[], None],
+    ) -> None:
+        """On this session of its own, call `ready` once listening, then `wake` whenever
+        tasks of `queues` may have been enqueued, until `stopped` (ox.listener; only where
+        `notifies`). Raises what the session raises: the listener reconnects."""
+        raise NotImplementedError(f"{self.vendor}: workers poll")
 
     def begin_read_committed(self) -> list[str]:
         """The statements that open a READ COMMITTED transaction (each statement then sees
@@ -93,10 +158,16 @@ class Dialect:
                 yield cursor
             except BaseException:
                 setattr(conn, _OPEN, False)
+                conn.__dict__.pop(_AFTER, None)
                 cursor.execute("ROLLBACK TO SAVEPOINT ox_sql" if nested else "ROLLBACK")
                 raise
             setattr(conn, _OPEN, False)
-            cursor.execute("RELEASE SAVEPOINT ox_sql" if nested else "COMMIT")
+            try:
+                cursor.execute("RELEASE SAVEPOINT ox_sql" if nested else "COMMIT")
+            except BaseException:
+                conn.__dict__.pop(_AFTER, None)
+                raise
+        _run_after_commit(conn)
 
     def deadlocked(self, exc: BaseException) -> bool:
         """Whether a statement failed as a deadlock victim (its transaction rolled back)."""

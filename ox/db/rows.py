@@ -12,7 +12,7 @@ from django.utils.dateparse import parse_datetime
 
 CLAIM_COLUMNS = (
     "id, task_path, queue, priority, args, kwargs, scheduled_for, enqueued_at, started_at,"
-    " attempts, max_attempts, fence, is_async, run_after"
+    " attempts, max_attempts, fence, is_async, run_after, metadata"
 )
 
 
@@ -32,6 +32,7 @@ class Claimed:
     fence: int
     is_async: bool  # as recorded at enqueue
     run_after: datetime  # when it became due (claim order)
+    metadata_json: str | None = None  # None: none given (ox.metadata)
 
     @property
     def key(self) -> tuple[uuid.UUID, int]:
@@ -59,6 +60,7 @@ class NewTask:
     unique_states: int = 0
     unique_until: datetime | None = None
     limit_key: str | None = None  # ox.flow.limits
+    metadata: dict[str, Any] | None = None  # ox.metadata; None: none given
 
 
 @dataclass(slots=True)
@@ -134,6 +136,7 @@ def read_claimed(rows: Iterable[Sequence[Any]]) -> list[Claimed]:
             fence=r[11],
             is_async=bool(r[12]),
             run_after=read_ts(r[13]),
+            metadata_json=None if r[14] is None else read_json_text(r[14]),
         )
         for r in rows
     ]

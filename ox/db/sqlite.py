@@ -189,17 +189,20 @@ class SqliteDriver(Driver):
         if len(rows) == 1:
             sql, params = self.one_row(conn, rows[0])
         else:
-            x = [f"json_extract(value, '$[{i}]')" for i in range(15)]
+            x = [f"json_extract(value, '$[{i}]')" for i in range(16)]
             sql = (
                 f"INSERT INTO ox_task ({INSERT_COLUMNS})"
                 f" SELECT {x[0]}, {x[1]}, {x[2]}, {x[3]}, 'READY', {x[4]}, {x[5]}, {x[6]}, {x[7]}, 0, {x[8]}, '', 0, 0,"
-                f" {x[9]}, {x[10]}, {x[11]}, {x[12]}, {x[13]}, {x[14]} FROM json_each(%s)"
+                f" {x[9]}, {x[10]}, {x[11]}, {x[12]}, {x[13]}, {x[14]},"
+                # json_extract gives a JSON object back as its text: stored as given.
+                f" json(json_extract(value, '$[15]')) FROM json_each(%s)"
             )
             ts = self.ts
             payload = [
                 [r.id.hex, r.task_path, r.queue, r.priority, r.args, r.kwargs]
                 + [ts(conn, r.run_after), ts(conn, r.enqueued_at), r.max_attempts, int(r.is_async)]
                 + [ts(conn, r.scheduled_for), r.unique_key, r.unique_states, ts(conn, r.unique_until), r.limit_key]
+                + [r.metadata]
                 for r in rows
             ]
             params = [json.dumps(payload)]

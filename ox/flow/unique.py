@@ -26,6 +26,8 @@ from typing import Any, Literal
 from django.tasks import TaskResult
 from django.tasks.exceptions import InvalidTask
 
+from ox.metadata import OxTaskResult
+
 # Finished statuses a key may keep holding, as bits of unique_states.
 HOLD_BITS = {"SUCCESSFUL": 1, "FAILED": 2, "CANCELLED": 4}
 LIVE = ("READY", "RUNNING")
@@ -334,7 +336,7 @@ class DuplicateTask(InvalidTask):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ExistingTaskResult(TaskResult):
+class ExistingTaskResult(OxTaskResult):
     """The result an enqueue returns for a duplicate: the existing task's, marked as such."""
 
     duplicate: bool = True

@@ -3,21 +3,25 @@ wrote locks them first (SELECT ... FOR UPDATE, SKIP LOCKED where workers compete
 them by id in one transaction; lists travel as one JSON document read with JSON_TABLE (the
 read driving the join, STRAIGHT_JOIN, so each row is one primary-key probe). A worker's
 liveness is a named lock its session holds (GET_LOCK), free the moment the session dies
-(IS_USED_LOCK). Workers poll: there is no LISTEN/NOTIFY. The partial indexes are full ones
+(IS_USED_LOCK). No LISTEN/NOTIFY: an idle worker's listener waits in SLEEP() and producers
+cut it short with KILL QUERY after commit (ox.db.mysql.wake). The partial indexes are full ones
 led by status there (ox.db.indexes), the unique index a generated column (migration 0016)."""
 
-import hashlib
 import json
+import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
-from django.db import DatabaseError, IntegrityError, OperationalError
+from django.db import IntegrityError, OperationalError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox.db.base import LOST_TRACEBACK, Held
+from ox.db.dialect import after_deadlock
+from ox.db.mysql import charset, health, session, wake
 from ox.db.mysql.claim import MysqlClaims
+from ox.db.mysql.locks import listen_lock_name, lock_name, lock_prefix, take_lock
 from ox.db.rows import Claimed, Completion, Failure, NewTask, read_id, read_ts
 from ox.db.walks import Gate
 from ox.exceptions import WorkerLost, class_path
@@ -32,21 +36,7 @@ _HELD = (
 )
 
 
-# Lock name -> the session (CONNECTION_ID) of this process that last took it: a worker's
-# reconnect (a new connection) can tell its own previous session still holding its lock.
-_lock_sessions: dict[str, int] = {}
 DEADLOCK_TRIES = 10
-
-
-def lock_prefix(conn: BaseDatabaseWrapper) -> str:
-    """Named locks are the server's, not a database's: a worker's lock name carries its
-    database (hashed when long: a name is at most 64 characters)."""
-    name = str(conn.settings_dict["NAME"])
-    return f"ox.{name if len(name) <= 40 else hashlib.sha256(name.encode()).hexdigest()[:16]}."
-
-
-def lock_name(conn: BaseDatabaseWrapper, lock_key: int) -> str:
-    return f"{lock_prefix(conn)}{lock_key}"
 
 
 class MysqlDriver(MysqlClaims):
@@ -56,12 +46,28 @@ class MysqlDriver(MysqlClaims):
     begin: ClassVar[str] = "START TRANSACTION"
     text_type: ClassVar[str] = "CHAR"
     session_locks: ClassVar[bool] = True
+    notifies: ClassVar[bool] = True  # by KILL QUERY (ox.db.mysql.wake)
+    lossy_wakeups: ClassVar[bool] = True  # a KILL between two SLEEPs ends nothing
     clock_sql: ClassVar[str] = "SELECT UTC_TIMESTAMP(6)"  # naive, in UTC
     repeats_pick: ClassVar[bool] = False
     correlates_into_cte: ClassVar[bool] = False
 
     def id(self, value: uuid.UUID) -> object:
         return value.hex
+
+    def notify(self, cursor: Any, channel: str, payload: str) -> None:
+        wake.wake_later(cursor.db, lock_prefix(cursor.db), [payload])
+
+    def listen(
+        self,
+        conn: BaseDatabaseWrapper,
+        lock_key: int,
+        queues: frozenset[str],
+        wake_worker: Callable[[], None],
+        stopped: threading.Event,
+        ready: Callable[[], None],
+    ) -> None:
+        wake.listen(conn, listen_lock_name(conn, lock_key), wake_worker, stopped, ready)
 
     def in_list(self, values: Sequence[object]) -> tuple[str, list[object]]:
         if not values:
@@ -238,6 +244,7 @@ class MysqlDriver(MysqlClaims):
             else:
                 # mysqlclient sends an INSERT's rows as one multi-row statement.
                 cursor.executemany(sql, [self.one_row(conn, r)[1] for r in rows])
+        wake.wake_later(conn, lock_prefix(conn), {r.queue for r in rows})
 
     def insert_unique(self, conn: BaseDatabaseWrapper, row: NewTask) -> bool:
         """A duplicate key is refused by ox_task_unique (its error is a statement's only: the
@@ -258,7 +265,9 @@ class MysqlDriver(MysqlClaims):
                 # victim's whole transaction is gone: the caller's to retry (ox.enqueue).
                 if conn.in_atomic_block or attempt == DEADLOCK_TRIES - 1 or not self.deadlocked(error):
                     raise
+                after_deadlock(attempt)
                 continue
+            wake.wake_later(conn, lock_prefix(conn), [row.queue])
             return True
         raise AssertionError("unreachable")
 
@@ -285,27 +294,25 @@ class MysqlDriver(MysqlClaims):
         cursor.execute(f"DELETE FROM {src} WHERE id {match}", id_params)
         return cursor.rowcount
 
+    # ------------------------------------------------------------------ session, health, checks
+    def worker_options(self, options: dict[str, Any], pooled: bool, idle_limit: float) -> dict[str, str] | None:
+        return session.worker_options(options, idle_limit)
+
+    def start_worker_session(self, conn: BaseDatabaseWrapper, server: dict[str, str]) -> None:
+        session.start_session(conn, server)
+
+    def table_health(self, conn: BaseDatabaseWrapper, max_xact_age: float, table: str) -> Any:
+        return health.innodb_table_health(conn, max_xact_age, table)
+
+    def collation_problems(self, conn: BaseDatabaseWrapper) -> list[str]:
+        return charset.collation_problems(conn)
+
     # ------------------------------------------------------------------ liveness and rescue
+    def lock_not_held(self, conn: BaseDatabaseWrapper, key: str) -> tuple[str, list[Any]]:
+        return f" AND NOT ({key} > 0 AND IS_USED_LOCK(CONCAT(%s, {key})) IS NOT NULL)", [lock_prefix(conn)]
+
     def hold_worker_lock(self, conn: BaseDatabaseWrapper, lock_key: int) -> None:
-        """Take the worker's named lock on this (new) session. After a network break the
-        server may keep the worker's previous session, and the lock with it, for as long as
-        its wait_timeout (hours): a session of this worker's that still holds it is ended
-        (KILL, allowed on one's own user's sessions). Not got: an OperationalError, which
-        the worker's reconnect loop retries."""
-        name = lock_name(conn, lock_key)
-        with conn.cursor() as cursor:
-            cursor.execute("SELECT IS_USED_LOCK(%s), CONNECTION_ID()", [name])
-            holder, me = cursor.fetchone()
-            previous = _lock_sessions.get(name)
-            if holder is not None and holder != me and holder == previous:
-                try:
-                    cursor.execute("KILL CONNECTION %s", [int(holder)])
-                except DatabaseError:
-                    pass  # gone meanwhile, or not ours to end: GET_LOCK below says
-            cursor.execute("SELECT GET_LOCK(%s, 10)", [name])
-            if cursor.fetchone()[0] != 1:
-                raise OperationalError(f"could not take the worker's lock {name!r}: another session holds it")
-            _lock_sessions[name] = int(me)
+        take_lock(conn, lock_name(conn, lock_key))
 
     def rescue_and_mark(
         self, conn: BaseDatabaseWrapper, now: datetime, max_lost: int, liveness_grace: float

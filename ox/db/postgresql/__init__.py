@@ -4,14 +4,17 @@ with jsonb_to_recordset, a worker's liveness is a session advisory lock, and enq
 workers with NOTIFY (migration 0005)."""
 
 import json
+import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox.db.base import INSERT_COLUMNS, LOCK_NAMESPACE, LOST_TRACEBACK, RESCUER_KEY, SET_RUNNING, Driver, Held
+from ox.db.dialect import CHANNEL
+from ox.db.postgresql import health, session
 from ox.db.postgresql.claim import candidates_sql, claim_parts, complete_sql
 from ox.db.rows import CLAIM_COLUMNS, Claimed, Completion, NewTask, read_claimed, read_id
 from ox.db.walks import Gate
@@ -77,7 +80,7 @@ class PostgresDriver(Driver):
         sql = (
             f"WITH done AS ({done_sql}), {', '.join(parts.picks)}, claimed AS ({parts.update})"
             f" SELECT true, {CLAIM_COLUMNS} FROM claimed"
-            f" UNION ALL SELECT false, id, {nulls}, fence, NULL, NULL FROM done"
+            f" UNION ALL SELECT false, id, {nulls}, fence, NULL, NULL, NULL FROM done"
         )
         with conn.cursor() as cursor:
             cursor.execute(sql, [*done_params, *parts.pick_params, *parts.update_params])
@@ -90,6 +93,27 @@ class PostgresDriver(Driver):
 
     def notify(self, cursor: Any, channel: str, payload: str) -> None:
         cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+
+    def listen(
+        self,
+        conn: BaseDatabaseWrapper,
+        lock_key: int,
+        queues: frozenset[str],
+        wake: Callable[[], None],
+        stopped: threading.Event,
+        ready: Callable[[], None],
+    ) -> None:
+        """LISTEN on the enqueue trigger's channel. A notification naming another queue
+        (migration 0010's payload) is dropped here, so it costs the worker no claim; an empty
+        payload (0005's trigger, or a manual NOTIFY ox_task) wakes it whatever the queue."""
+        raw = conn.connection
+        raw.execute(f"LISTEN {CHANNEL}")
+        ready()
+        while not stopped.is_set():
+            # Ends after `timeout` s without a notification, to look at `stopped`.
+            for note in raw.notifies(timeout=1.0, stop_after=1):
+                if not queues or not note.payload or note.payload in queues:
+                    wake()
 
     def ready_rows(
         self, conn: BaseDatabaseWrapper, queues: Sequence[str], flag: int, now: datetime, limit: int, columns: str
@@ -183,7 +207,28 @@ class PostgresDriver(Driver):
         )
         return [row[0] for row in cursor.fetchall()]
 
+    # ------------------------------------------------------------------ session, health
+    def worker_options(self, options: dict[str, Any], pooled: bool, idle_limit: float) -> dict[str, str] | None:
+        return session.worker_options(options, pooled)  # keepalives: no idle limit to set
+
+    def start_worker_session(self, conn: BaseDatabaseWrapper, server: dict[str, str]) -> None:
+        session.start_session(conn, server)
+
+    def table_health(self, conn: BaseDatabaseWrapper, max_xact_age: float, table: str) -> Any:
+        return health.table_health(conn, max_xact_age, table)
+
+    def backlog_rows(self, conn: BaseDatabaseWrapper, now: datetime, limit: int) -> list[tuple[Any, ...]] | None:
+        return health.backlog_rows(conn, now, limit)
+
     # ------------------------------------------------------------------ liveness and rescue
+    def lock_not_held(self, conn: BaseDatabaseWrapper, key: str) -> tuple[str, list[Any]]:
+        return (
+            f" AND NOT ({key} > 0 AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory'"
+            f" AND l.granted AND l.objsubid = 2 AND l.classid = {int(LOCK_NAMESPACE)} AND l.objid = {key}::oid"
+            " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())))",
+            [],
+        )
+
     def hold_worker_lock(self, conn: BaseDatabaseWrapper, lock_key: int) -> None:
         with conn.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_lock(%s, %s)", [LOCK_NAMESPACE, lock_key])
@@ -274,7 +319,8 @@ def _copy_tasks(conn: BaseDatabaseWrapper, rows: Sequence[NewTask]) -> None:
             f"\t{r.scheduled_for.isoformat() if r.scheduled_for else '\\N'}"
             f"\t{_copy_field(r.unique_key) if r.unique_key else '\\N'}\t{r.unique_states}"
             f"\t{r.unique_until.isoformat() if r.unique_until else '\\N'}"
-            f"\t{_copy_field(r.limit_key) if r.limit_key is not None else '\\N'}\n"
+            f"\t{_copy_field(r.limit_key) if r.limit_key is not None else '\\N'}"
+            f"\t{_copy_field(json.dumps(r.metadata)) if r.metadata is not None else '\\N'}\n"
         )
     with conn.cursor() as cursor:
         with cursor.cursor.copy(f"COPY ox_task ({INSERT_COLUMNS}) FROM STDIN") as copy:

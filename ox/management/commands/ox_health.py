@@ -8,7 +8,7 @@ from django.db import DatabaseError
 from ox.enqueue import database_for
 from ox.health import Thresholds, check_health
 from ox.management.backends import add_backend_argument, ox_backend
-from ox.tablehealth_innodb import InnoDBTableHealth
+from ox.tablehealth import InnoDBTableHealth
 
 EXIT_HEALTHY = 0
 EXIT_UNHEALTHY = 1

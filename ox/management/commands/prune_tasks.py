@@ -9,13 +9,14 @@ from ox.durations import parse_duration
 from ox.enqueue import database_for
 from ox.management.backends import add_backend_argument, ox_backend
 from ox.models import FINISHED
-from ox.prune import prune
+from ox.prune import prune, prune_workers
 
 
 class Command(BaseCommand):
     help = (
         "Delete finished tasks (and their attempts) older than a retention, in batches. Without"
-        " --older-than, the backend's OPTIONS PRUNE rules (status -> retention) apply."
+        " --older-than, the backend's retention applies (OPTIONS PRUNE over ox's defaults: SUCCESSFUL and"
+        " CANCELLED 7d, FAILED 30d). Worker rows go after OPTIONS PRUNE_WORKERS (7d)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -44,6 +45,15 @@ class Command(BaseCommand):
             self.stdout.write(f"{status}: {verb} {count} tasks finished before {cutoff.isoformat(timespec='seconds')}")
         if not options["dry_run"]:
             self.stdout.write(f"total: {result.total} tasks in {result.batches} batches of at most {batch}")
+            workers = backend.config.worker_retention()
+            if workers is not None:
+                gone = 0
+                while (n := prune_workers(conn, now - workers, batch)) and n > 0:
+                    gone += n
+                    if n < batch:
+                        break
+                since = (now - workers).isoformat(timespec="seconds")
+                self.stdout.write(f"workers: deleted {gone} rows stopped or silent since before {since}")
 
     @staticmethod
     def _rules(backend: OxBackend, options: dict[str, Any]) -> dict[str, Any]:
@@ -54,7 +64,9 @@ class Command(BaseCommand):
         if options["older_than"] is None:
             rules = {s: age for s, age in backend.config.prune_rules().items() if s in statuses}
             if not rules:
-                raise CommandError("Give --older-than, or set a retention per status in OPTIONS PRUNE.")
+                raise CommandError(
+                    "OPTIONS PRUNE keeps every status asked for: give --older-than, or a retention in OPTIONS PRUNE."
+                )
             return rules
         try:
             age = parse_duration(options["older_than"])

@@ -8,9 +8,9 @@ and lets that list (and the undo tablespace, and every secondary-index scan over
 rows) grow for as long as it stays open. So the two figures that matter are the history list
 length and the age of the oldest transaction, the same warning ox gives on PostgreSQL.
 
-`ox.tablehealth.table_health()` returns `innodb_table_health()` on `connection.vendor ==
-"mysql"`; the PostgreSQL `TableHealth` is untouched, and this one says `kind == "innodb"` so a
-caller (or a JSON reader) can tell the two apart.
+`ox.tablehealth.table_health()` returns `innodb_table_health()` through the driver
+(MysqlDriver.table_health); it is a dataclass of its own, not PostgreSQL's `TableHealth`, and
+says `kind == "innodb"` so a caller (or a JSON reader) can tell the two apart.
 """
 
 from dataclasses import dataclass

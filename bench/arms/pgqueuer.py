@@ -1,0 +1,176 @@
+"""Arm "pgqueuer" (PyPI pgqueuer, pinned in bench/requirements.txt). Not a Django backend: the
+workers are `python -m bench.pgq_worker` processes (pgqueuer's QueueManager on asyncpg, run
+with pgqueuer.run()'s defaults), the enqueue cells use pgqueuer's SyncQueries (bench.pgq_jobs),
+and this class reads progress from pgqueuer's own tables through the agent's Django connection.
+
+Where the counts come from (never from inside a task):
+- a job waiting or running is a row of `pgqueuer` (status queued / picked);
+- a finished job's row is deleted and a row with its final status is written to
+  `pgqueuer_log` (successful, exception, canceled, ...), batched by the worker (flushed every
+  batch_size = 10 completions or 0.1 s);
+- every pick also writes a `picked` log row, with the database's clock at the claim.
+So done = distinct job ids with a `successful` log row; the drain's span runs from the first
+`picked` to the last `successful` log row (the database's clock, where the Django arms' rows
+carry the workers'; the same machine).
+"""
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+from django.tasks import Task
+
+from bench.arms.base import Arm, Calls
+
+QUEUE, LOG, STATISTICS = "pgqueuer", "pgqueuer_log", "pgqueuer_statistics"
+FINAL = ("successful", "exception", "canceled", "deleted", "failed")
+
+
+class InTransactionDriver:
+    """pgqueuer's SyncDriver protocol over the agent's Django connection, so a backlog is
+    written by pgqueuer's own enqueue statement inside the caller's atomic() block (its
+    SyncPsycopgDriver is the same RawCursor call, but insists on an autocommit connection)."""
+
+    def fetch(self, query: str, *args: object) -> list[dict[str, object]]:
+        from psycopg import RawCursor
+        from psycopg.rows import dict_row
+
+        connection.ensure_connection()
+        with RawCursor(connection.connection, row_factory=dict_row) as cursor:
+            cursor.execute(query, args or None)
+            return cursor.fetchall()
+
+
+class PgqueuerArm(Arm):
+    name = "pgqueuer"
+    launcher = "bench.pgq_worker"
+    bulk_path = "SyncQueries.enqueue(entrypoints, payloads, priorities): one statement"
+    status_field = "status"
+    done_status = "successful"
+    terminal_statuses = FINAL
+    job_overrides = {
+        "setup": "bench.pgq_jobs:setup",
+        "enqueue_seq": "bench.pgq_jobs:enqueue_seq",
+        "dispatch": "bench.pgq_jobs:dispatch",
+        "drain": "bench.pgq_jobs:drain",
+        "kill": "bench.pgq_jobs:kill",
+    }
+
+    def __init__(self) -> None:
+        # pgqueuer's concurrency_limit is per entrypoint across the whole fleet; the jobs set
+        # this to the cell's processes x concurrency before they start workers.
+        self.fleet_limit: int | None = None
+
+    # ---- workers
+    def worker_argv(self, concurrency: int, ident: str, interval: float | None, queue: str = "default") -> list[str]:
+        # interval: no cell sets one for pgqueuer (its idle wake-up is LISTEN/NOTIFY, with
+        # dequeue_timeout 30 s as the fallback poll). queue: pgqueuer routes by entrypoint.
+        return ["--concurrency-limit", str(self.fleet_limit or concurrency), "--ident", ident]
+
+    def running_on(self, ident: str, pid: int) -> list[int]:
+        from bench.pgq_worker import decode, manager_id
+
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT payload FROM {QUEUE} WHERE status = 'picked' AND queue_manager_id = %s",  # noqa: S608
+                [manager_id(ident)],
+            )
+            rows = cursor.fetchall()
+        keys = []
+        for (payload,) in rows:
+            args, _ = decode(bytes(payload) if payload is not None else None)
+            if args:
+                keys.append(args[0])
+        return keys
+
+    def ready(self, pids: Sequence[int]) -> bool | None:
+        return None  # a pgqueuer worker keeps no registry row: the harness waits for it to go idle
+
+    # ---- enqueue
+    @staticmethod
+    def entrypoint(task: Task) -> str:
+        return task.func.__name__  # bench.pgq_worker registers the same names
+
+    def bulk_enqueue(self, task: Task, calls: Calls) -> None:
+        from pgqueuer.queries import SyncQueries
+
+        from bench.pgq_worker import encode
+
+        name = self.entrypoint(task)
+        SyncQueries(InTransactionDriver()).enqueue(
+            [name] * len(calls), [encode(list(a), dict(k)) for a, k in calls], [0] * len(calls)
+        )
+
+    def fill(self, task: Task, calls: Calls) -> None:
+        """pgqueuer's own enqueue statement (one for the whole backlog: queue rows and their
+        `queued` log rows), in the caller's transaction."""
+        self.bulk_enqueue(task, calls)
+
+    def fill_fast(self, task: Task, total: int) -> None:
+        raise NotImplementedError("no fast fill for pgqueuer yet (bench.plan_pgqueuer: the backlog cells)")
+
+    # ---- reading progress
+    def tables(self) -> list[str]:
+        return [QUEUE, LOG, STATISTICS]
+
+    def _scalar(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, list(params))
+            return cursor.fetchone()[0]
+
+    def counts(self) -> dict[str, int]:
+        """Waiting and running jobs from the queue table, finished ones from the log (a held
+        `failed` job is in both: counted once, from the log)."""
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT status::text, count(*) FROM {QUEUE} WHERE status <> 'failed' GROUP BY 1")  # noqa: S608
+            rows = list(cursor.fetchall())
+            cursor.execute(
+                f"SELECT status::text, count(DISTINCT job_id) FROM {LOG} WHERE status::text = ANY(%s) GROUP BY 1",  # noqa: S608
+                [list(FINAL)],
+            )
+            rows += list(cursor.fetchall())
+        return {status: n for status, n in rows}
+
+    def done(self) -> int:
+        return self._scalar(f"SELECT count(DISTINCT job_id) FROM {LOG} WHERE status = 'successful'")  # noqa: S608
+
+    def span(self) -> tuple[datetime | None, datetime | None]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT min(created) FILTER (WHERE status = 'picked'),"  # noqa: S608
+                f" max(created) FILTER (WHERE status = 'successful') FROM {LOG}"
+            )
+            first, last = cursor.fetchone()
+        return first, last
+
+    def first_n(self, n: int) -> tuple[datetime | None, datetime | None, int]:
+        raise NotImplementedError("the backlog cells do not run pgqueuer yet")
+
+    def options(self) -> dict[str, Any]:
+        import inspect
+
+        import pgqueuer
+        from pgqueuer.adapters.persistence import qb
+
+        run_defaults = {
+            name: str(p.default)
+            for name, p in inspect.signature(pgqueuer.run).parameters.items()
+            if p.default is not inspect.Parameter.empty and name != "shutdown"
+        }
+        return {
+            "package": f"pgqueuer {pgqueuer.__version__}",
+            "driver": "asyncpg in the workers (pgqueuer's preferred driver); SyncQueries over psycopg for enqueues",
+            "worker": "bench.pgq_worker: QueueManager via pgqueuer.run(), defaults",
+            "run_defaults": run_defaults,
+            "concurrency": "entrypoint concurrency_limit = the cell's processes x concurrency (fleet-wide)",
+            "durability": qb.DBSettings().durability.value,
+            "schema": "pgq install (defaults: durable, prefix '')",
+        }
+
+    def analyze(self) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {', '.join(self.tables())}")
+
+
+ARM = PgqueuerArm()

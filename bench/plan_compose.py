@@ -1,0 +1,41 @@
+"""What composing and observing tasks costs (docs/composing.md), ox only (no peer has task
+metadata): ox against itself, variants in rotating order within one agent (bench.flow)."""
+
+from bench.plan import PERSISTENT, Cell, _compare_metrics, _variant
+
+ROUNDS = 3
+
+
+def compose_cells() -> list[Cell]:
+    """progress_metadata: 100 async tasks at once, each a second of ten steps saving its
+    progress after every step (ten saves a second each: a thousand a second in all), against
+    the same tasks without the saves. Target (issue 13): the saves cost at most 10% of the
+    drain's throughput."""
+    variants = [
+        {**_variant("progress", 1, 1), "task": "progress_async"},
+        {**_variant("plain", 1, 1), "task": "plain_async"},
+    ]
+    ratios = {"progress_plain": ["progress", "plain"]}
+    return [
+        Cell(
+            "progress_metadata",
+            "drain",
+            "ox only (peers have no task metadata): drain of 1,000 async tasks, each ten steps of"
+            " asyncio.sleep(0.1), saving context.metadata['progress'] after every step (await"
+            " asave_metadata(): ten saves a second per task), against the same tasks without the saves;"
+            " 1 worker process, --async-concurrency 100 (the default: 100 tasks at once), CONN_MAX_AGE=600;"
+            f" PostgreSQL; {ROUNDS} rounds, variants rotating",
+            _compare_metrics(variants, ratios),
+            {
+                "n": 1000,
+                "task": "plain_async",
+                "variants": variants,
+                "ratios": ratios,
+                "rounds": ROUNDS,
+                "worker_env": PERSISTENT,
+            },
+            db="pg",
+            arms=("ox",),
+            timeout=1200.0,
+        )
+    ]

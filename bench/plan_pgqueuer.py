@@ -1,0 +1,134 @@
+"""Where the pgqueuer arm stands in the matrix (bench.plan): the cells it runs, and for every
+other cell why not. Pure data, like bench.plan.
+
+pgqueuer is not a Django Tasks backend and runs on PostgreSQL only. This first step of issue 14
+gives it the enqueue, drain, dispatch and kill cells; a cell it could run but has no job for yet
+says "not run yet", one it cannot run says "cannot run" and why.
+"""
+
+from dataclasses import replace
+
+from bench.plan import DRAIN_METRICS, KILL_METRICS, PERSISTENT, Cell
+
+PGQUEUER = "pgqueuer"
+# The shared cells bench.pgq_jobs runs for pgqueuer (besides its own two, own_cells).
+RUNS = frozenset({"enqueue_seq", "drain_c1", "drain_c4", "dispatch", "kill"})
+
+POSTGRES_ONLY = (
+    "cannot run: pgqueuer is PostgreSQL only (claims with FOR UPDATE SKIP LOCKED, wakes on"
+    " LISTEN/NOTIFY; its drivers are asyncpg and psycopg)"
+)
+REASONS: dict[str, str] = {
+    "enqueue_atomic": (
+        "not run yet: pgqueuer can enqueue inside the caller's transaction (SyncQueries over the"
+        " application's connection); that job is not written yet"
+    ),
+    "bulk_enqueue": (
+        "not run yet: pgqueuer's bulk path is enqueue() with lists (one statement); that job is not written yet"
+    ),
+    "drain_p4": (
+        "not run yet: these cells vary Django's connection handling (CONN_MAX_AGE 0 / 600, Django's"
+        " pool), which pgqueuer's workers do not use (one psycopg connection each): for pgqueuer the"
+        " three would be one measurement, 4 processes at a fleet-wide limit of 4, not written yet"
+    ),
+    "workload": (
+        "not run yet: needs the workload entrypoints (pgqueuer runs async entrypoints only; its docs"
+        " put blocking code in asyncio.to_thread), not written yet"
+    ),
+    "backlog": (
+        "not run yet: needs a fast fill (one enqueued row copied by INSERT ... SELECT) into pgqueuer's"
+        " table and log, not written yet"
+    ),
+    "procs": "cannot run: an ox-only series (ox's claim at 1..16 processes with database-side figures)",
+    "notify": (
+        "cannot run: the cell switches ox's own NOTIFY trigger (ox_task_notify) on and off around ox"
+        " enqueues; pgqueuer's trigger is another design, which a cell of its own would have to measure"
+    ),
+    "flow": (
+        "cannot run: the cell compares ox with and without ox's LIMITS / unique tasks, ox against"
+        " itself; pgqueuer's entrypoint concurrency_limit and dedupe_key are other features that"
+        " would need cells of their own"
+    ),
+}
+
+
+def reason(cell: Cell) -> str | None:
+    """Why pgqueuer does not run the cell, or None when it does."""
+    if cell.name in RUNS:
+        return None
+    if cell.db != "pg":
+        return POSTGRES_ONLY
+    name = cell.name
+    if name in REASONS:
+        return REASONS[name]
+    if name.startswith("drain_p4_"):
+        return REASONS["drain_p4"]
+    if "variants" in cell.params:
+        return REASONS["flow"]
+    if cell.params.get("task", "noop") != "noop":
+        return REASONS["workload"]
+    if name.startswith("backlog_"):
+        return REASONS["backlog"]
+    if name.startswith("procs_"):
+        return REASONS["procs"]
+    if name.startswith("notify_"):
+        return REASONS["notify"]
+    return "not run yet: no pgqueuer job for this cell"
+
+
+def own_cells(cells: list[Cell]) -> list[Cell]:
+    """Two pgqueuer-only cells that put its figures of the shared cells in context (the other
+    arms have nothing to compare here: these are pgqueuer against its own mapping):
+
+    - drain_pgq_default: drain_c1's backlog, one worker at pgqueuer.run()'s defaults with no
+      concurrency limit at all (batch_size 10 per dequeue, every picked job runs at once as an
+      asyncio task): pgqueuer as installed, where drain_c1 / drain_c4 hold it to 1 / 4 at a time.
+    - kill_pgq_recovery: the kill cell, but waiting up to 40 s without progress (the kill cell: 5 s
+      quick, 20 s full) so that pgqueuer's recovery, a re-pick once a dead worker's heartbeat is
+      older than heartbeat_timeout (30 s by default), falls inside the measurement.
+    """
+    by_name = {c.name: c for c in cells}
+    out = []
+    if "drain_c1" in by_name:
+        drain = by_name["drain_c1"]
+        out.append(
+            Cell(
+                "drain_pgq_default",
+                "drain",
+                "pgqueuer only: drain_c1's no-op backlog, 1 worker at pgqueuer.run() defaults and no"
+                " concurrency_limit (batch_size 10 per dequeue, all picked jobs run at once)",
+                DRAIN_METRICS,
+                # concurrency 0: pgqueuer's "no limit" (bench.arms.pgqueuer passes it as concurrency_limit)
+                {**drain.params, "concurrency": 0, "worker_env": PERSISTENT},
+                reps=drain.reps,
+                arms=(PGQUEUER,),
+            )
+        )
+    if "kill" in by_name:
+        kill = by_name["kill"]
+        out.append(
+            Cell(
+                "kill_pgq_recovery",
+                "kill",
+                "pgqueuer only: the kill cell waiting up to 40 s without progress (pgqueuer re-picks a dead"
+                " worker's job once its heartbeat is 30 s old, heartbeat_timeout's default)",
+                KILL_METRICS,
+                {**kill.params, "stall": 40.0, "cap": max(kill.params["cap"], 120.0)},
+                arms=(PGQUEUER,),
+                timeout=kill.timeout,
+            )
+        )
+    return out
+
+
+def with_pgqueuer(cells: list[Cell]) -> list[Cell]:
+    """The plan with pgqueuer added to the cells it runs, its reason on every other, and its
+    own two cells (own_cells) at the end."""
+    out = []
+    for cell in cells:
+        why = reason(cell)
+        if why is None:
+            out.append(replace(cell, arms=(*cell.arms, PGQUEUER)))
+        else:
+            out.append(replace(cell, cannot_run={**cell.cannot_run, PGQUEUER: why}))
+    return out + own_cells(cells)

@@ -1,0 +1,123 @@
+"""The procrastinate arm's jobs (bench.arms.procrastinate.ProcrastinateArm.job_overrides), run in
+its agent like bench.jobs. The schema needs no job of its own: the shared setup's `migrate` is
+procrastinate's documented way for Django. Enqueues are procrastinate's `task.defer()` (its
+tasks take keywords) on the contrib's DjangoConnector, i.e. Django's connection, as a Django view
+using procrastinate enqueues. The drain and kill cells run the shared jobs unchanged, through
+the arm's fill / counts / running_on, once the arm knows the run's log dir (where each worker
+writes its procrastinate worker id)."""
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from django.db import connection, transaction
+
+from bench import jobs, procs
+from bench.arms.procrastinate import ProcrastinateArm
+from bench.fleet import Fleet, wait
+from bench.tasks import LEDGER_TABLE
+
+Params = dict[str, Any]
+Result = dict[str, Any]
+
+
+def _prepare(arm: ProcrastinateArm, p: Params) -> None:
+    arm.log_dir = Path(p["log_dir"])
+    arm.seen.clear()
+
+
+def enqueue_seq(arm: ProcrastinateArm, p: Params) -> Result:
+    """N sequential `noop.defer()` calls in autocommit (each one statement on Django's
+    connection: procrastinate_defer_jobs_v1)."""
+    from bench.procrastinate_tasks import noop
+
+    jobs._reset(arm)
+    n = p["n"]
+    started = time.perf_counter()
+    for _ in range(n):
+        noop.defer()
+    elapsed = time.perf_counter() - started
+    written = arm.counts().get("todo", 0)
+    if written != n:
+        raise RuntimeError(f"{written} todo jobs after {n} defers")
+    return {"throughput": n / elapsed, "info": {"n": n, "seconds": elapsed, "path": "task.defer()"}}
+
+
+def drain(arm: ProcrastinateArm, p: Params) -> Result:
+    """The shared drain job: one worker at --concurrency C."""
+    _prepare(arm, p)
+    return jobs.drain(arm, p)
+
+
+def kill(arm: ProcrastinateArm, p: Params) -> Result:
+    """The shared kill job: W workers at --concurrency 1. A worker killed holding a job leaves
+    it `doing` until procrastinate's documented retry_stalled_jobs periodic task (cron in
+    bench.procrastinate_tasks) runs and finds its worker's heartbeat older than 30 s."""
+    from bench.procrastinate_tasks import DOCS_RETRY_CRON
+
+    _prepare(arm, p)
+    result = jobs.kill(arm, p)
+    # The workers' schedule: set through the cell's worker_env, not this agent's environment.
+    cron = p.get("worker_env", {}).get("BENCH_PROCRASTINATE_RETRY_CRON") or DOCS_RETRY_CRON
+    result["info"]["retry_stalled_jobs_cron"] = cron
+    with connection.cursor() as cursor:
+        # When the retry task ran, and what it retried: its jobs and its effect on the counts.
+        cursor.execute(
+            "SELECT j.status::text, min(e.at), max(e.at), count(*) FROM procrastinate_jobs j"
+            " JOIN procrastinate_events e ON e.job_id = j.id AND e.type = 'started'"
+            " WHERE j.task_name LIKE %s GROUP BY 1",
+            ["%retry_stalled_jobs"],
+        )
+        result["info"]["retry_stalled_jobs_runs"] = [
+            {"status": s, "first_start": str(a), "last_start": str(b), "runs": c} for s, a, b, c in cursor.fetchall()
+        ]
+        # A stalled job put back to todo by retry_job() gets a deferred_for_retry event (attempts
+        # would not tell: finishing a job increments it too).
+        cursor.execute("SELECT count(DISTINCT job_id) FROM procrastinate_events WHERE type = 'deferred_for_retry'")
+        result["info"]["jobs_retried"] = cursor.fetchone()[0]
+    return result
+
+
+def dispatch(arm: ProcrastinateArm, p: Params) -> Result:
+    """bench.jobs.dispatch with procrastinate's defer: an idle worker (one process, concurrency
+    1); `stamp.defer(key=...)` in `atomic()`, committed, then until the task's first line reads
+    the clock (its ledger row). A random pause of 0..gap seconds between samples; the idle
+    worker's CPU over a few seconds of an empty queue first."""
+    from bench.procrastinate_tasks import stamp
+
+    jobs._reset(arm)
+    _prepare(arm, p)
+    fleet = Fleet(arm, p)
+    samples: list[float] = []
+    timeouts = 0
+    rng = random.Random(p.get("seed", 0))  # noqa: S311
+    try:
+        fleet.start_all(1, 1)
+        cpu0, _ = procs.measure(fleet.procs)
+        time.sleep(p.get("idle_s", 3.0))
+        cpu1, _ = procs.measure(fleet.procs)
+        idle_pct = (cpu1 - cpu0) * 100 / p.get("idle_s", 3.0)
+        for key in range(p["n"]):
+            time.sleep(rng.uniform(0, p["gap"]))
+            with transaction.atomic():
+                stamp.defer(key=key)
+            committed = time.time()
+            seen: list[float] = []
+
+            def started(key: int = key, seen: list[float] = seen) -> bool:
+                with connection.cursor() as cursor:
+                    cursor.execute(f"SELECT t FROM {LEDGER_TABLE} WHERE task_key = %s", [key])  # noqa: S608
+                    row = cursor.fetchone()
+                if row:
+                    seen.append(row[0])
+                return bool(row)
+
+            if wait(started, p.get("timeout", 10.0), 0.005, fleet):
+                samples.append((seen[0] - committed) * 1000)
+            else:
+                timeouts += 1
+    finally:
+        fleet.stop()
+    info = {**fleet.info(), "n": p["n"], "timeouts": timeouts, "gap_s": p["gap"]}
+    return {"latency_ms": samples, "idle_cpu_pct": idle_pct, "info": info}

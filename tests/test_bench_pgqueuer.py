@@ -1,0 +1,114 @@
+"""The pgqueuer arm's place in the benchmark (issue 14, first step): which cells it runs, that
+every other cell says why not, that the harness reports those reasons in the results and the
+printed notes, and the worker's pure helpers. Nothing here starts a worker or needs pgqueuer
+installed (it lives in bench/.venv only); `bench/run --arms pgqueuer` is the real run."""
+
+import argparse
+
+from bench import report
+from bench.harness import Harness
+from bench.pgq_worker import decode, encode, manager_id
+from bench.plan import build
+from bench.plan_pgqueuer import PGQUEUER, POSTGRES_ONLY, RUNS
+
+OWN = {"drain_pgq_default", "kill_pgq_recovery"}
+
+
+def test_pgqueuer_runs_its_cells_and_says_why_for_every_other():
+    for mode in ("quick", "full"):
+        plan = build(mode)
+        runs = {c.name for c in plan if PGQUEUER in c.arms}
+        assert runs == RUNS | OWN
+        for cell in plan:
+            if PGQUEUER in cell.arms:
+                assert PGQUEUER not in cell.cannot_run
+                continue
+            why = cell.cannot_run[PGQUEUER]
+            assert why.startswith(("cannot run: ", "not run yet: ")), (cell.name, why)
+            if cell.db != "pg":
+                assert why == POSTGRES_ONLY
+        by_name = {c.name: c for c in plan}
+        assert by_name["drain_pgq_default"].arms == (PGQUEUER,)
+        assert by_name["drain_pgq_default"].params["concurrency"] == 0  # pgqueuer's "no limit"
+        assert by_name["kill_pgq_recovery"].params["stall"] > 30  # past heartbeat_timeout's default
+        # The Django arms' cells are as before: pgqueuer joins, nobody leaves (procrastinate joins
+        # after it: tests/test_bench_procrastinate.py).
+        assert by_name["drain_c1"].arms[:4] == ("ox", "django-tasks-db", "django-ox", PGQUEUER)
+        assert not by_name["drain_c1"].cannot_run and not by_name["bulk_enqueue"].arms.count(PGQUEUER)
+
+
+def fake_harness(tmp_path, cells, arms):
+    args = argparse.Namespace(
+        quick=True, arms=arms, pg_url="postgres://nobody@127.0.0.1:1", cells=cells, out=str(tmp_path / "r.json")
+    )
+    harness = Harness(args)
+    harness.doc = {
+        "schema": 1,
+        "run_id": "test",
+        "started_at": "2026-01-01T00:00:00+00:00",
+        "git_sha": "0" * 40,
+        "mode": "quick",
+        "arms": harness.arms,
+        "environment": {},
+        "options": {},
+        "cells": [],
+        "runs": [],
+    }
+    return harness
+
+
+def test_harness_records_and_prints_why_a_cell_did_not_run(tmp_path, monkeypatch, capsys):
+    harness = fake_harness(tmp_path, "drain_c1,bulk_enqueue,mariadb_drain_c1,drain_pgq_default", "ox,pgqueuer")
+    speed = {"ox": 5400.0, PGQUEUER: 2700.0}
+    ran = []
+
+    def agent(arm, job, params, db, timeout, label):
+        ran.append(label)
+        return {"ok": True, "result": {"throughput": speed[arm], "info": {}}}
+
+    monkeypatch.setattr(harness, "agent", agent)
+    for index, cell in enumerate(harness.plan):
+        harness.run_cell(index, cell)
+    doc = harness.doc
+    assert report.validate(doc) == []
+    # pgqueuer ran only where it can; ox's runs are the same as without it.
+    assert sorted(ran) == sorted(
+        [
+            "drain_c1-0-ox",
+            "drain_c1-0-pgqueuer",
+            "bulk_enqueue-0-ox",
+            "mariadb_drain_c1-0-ox",
+            "drain_pgq_default-0-pgqueuer",
+        ]
+    )
+    by = {(c["name"], c["metric"]): c for c in doc["cells"]}
+    drain = by[("drain_c1", "throughput")]
+    assert drain["ratios"] == {PGQUEUER: 2.0} and "cannot_run" not in drain
+    bulk = by[("bulk_enqueue", "throughput")]
+    assert set(bulk["arms"]) == {"ox"} and bulk["cannot_run"][PGQUEUER].startswith("not run yet: ")
+    assert by[("mariadb_drain_c1", "throughput")]["cannot_run"] == {PGQUEUER: POSTGRES_ONLY}
+    assert set(by[("drain_pgq_default", "throughput")]["arms"]) == {PGQUEUER}
+
+    printed = capsys.readouterr().out
+    assert f"{PGQUEUER}: {POSTGRES_ONLY}" in printed
+    notes = report.notes(doc)
+    assert f"{PGQUEUER} {POSTGRES_ONLY} [mariadb_drain_c1]" in notes
+    assert any(n.startswith(f"{PGQUEUER} not run yet: ") and n.endswith("[bulk_enqueue]") for n in notes)
+    table = report.table(doc)
+    bulk_row = next(line for line in table.splitlines() if line.startswith("bulk_enqueue"))
+    assert bulk_row.split()[-2:] == ["n/a", "-"]  # pgqueuer's column, then the ox/pgqueuer ratio
+
+
+def test_a_cell_no_selected_arm_runs_still_says_why(tmp_path, monkeypatch):
+    harness = fake_harness(tmp_path, "mariadb_drain_c1", "pgqueuer")
+    monkeypatch.setattr(harness, "agent", lambda *a: (_ for _ in ()).throw(AssertionError("no agent")))
+    harness.run_cell(0, harness.plan[0])
+    assert report.validate(harness.doc) == []
+    cells = harness.doc["cells"]
+    assert cells and all(c["arms"] == {} and c["cannot_run"] == {PGQUEUER: POSTGRES_ONLY} for c in cells)
+
+
+def test_worker_helpers():
+    assert encode([], {}) is None and decode(None) == ([], {})
+    assert decode(encode([7], {"sleep_ms": 10})) == ([7], {"sleep_ms": 10})
+    assert manager_id("bench-abc") == manager_id("bench-abc") != manager_id("bench-abd")
