@@ -1,6 +1,6 @@
 """The idle worker's listener: a thread on its own session that wakes the worker loop when
 tasks are enqueued, so a task starts within milliseconds instead of at the next poll. How it
-hears of them is the driver's: LISTEN on PostgreSQL, a SLEEP that producers cut short with
+hears of them is the driver's: LISTEN on PostgreSQL, a lock wait that producers cut short with
 KILL QUERY on MariaDB (ox.db.mysql.wake). Polling stays the fallback: if this session drops,
 the worker only gets slower.
 

@@ -37,7 +37,6 @@ MAX_BYTES = 64 * 1024  # of the JSON text: metadata is a note about a task, not 
 MAX_DEPTH = 31
 
 
-
 class InvalidMetadata(ValueError):
     """Metadata that is not a JSON object with string keys ox can store unchanged."""
 

@@ -145,7 +145,6 @@ def prune_workers(conn: BaseDatabaseWrapper, cutoff: datetime, limit: int = 1000
         return cursor.rowcount
 
 
-
 class Pruner:
     """A worker's pruning duty. The worker calls it often; it prunes every `interval`
     seconds, or again at once when the last round ran out of its time budget."""

@@ -53,7 +53,6 @@ class Scope:
 _scope: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("ox_step_scope", default=None)
 
 
-
 def enter(claim: uuid.UUID, fence: int, attempt: int, using: str) -> contextvars.Token:
     return _scope.set(Scope(claim, fence, attempt, using))
 
@@ -102,9 +101,7 @@ def _record(scope: Scope, name: str, text: str, started: datetime) -> None:
     conn = connections[scope.using]
     finished = clock.estimated_now()
     try:
-        written = driver(conn).record_step(
-            conn, scope.claim, scope.fence, name, text, scope.attempt, started, finished
-        )
+        written = driver(conn).record_step(conn, scope.claim, scope.fence, name, text, scope.attempt, started, finished)
     except IntegrityError:
         written = False  # recorded already: by this task's attempt that held it before us
     if not written:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from django.db import InterfaceError, OperationalError
 
 from ox import clock, sql
+from ox.db import driver
 from ox.executor import Key
 from ox.logs import event
 
@@ -68,8 +69,17 @@ def hand_back(w: "Worker") -> None:
         taken += [p.key for ex in (w.sync, w.aio) if ex is not None for p in ex.take_back()]
     if not taken:
         return
+    queues = {w.held[key].claimed.queue for key in taken if key in w.held}
     count = sql.hand_back(w.conn, taken, clock.db_now(w.conn))
     w.to_hand_back = []
+    if count and driver(w.conn).notifies:
+        # Back to READY, but no enqueue tells the idle workers: one of them may have claimed
+        # moments ago and found nothing (as a burst's tasks, one prefetched by a busy worker
+        # that gives it back). Wake them, as an enqueue would. This worker's own wake-up
+        # claims nothing more: it holds no prefetch after a give-back (ox.claims).
+        with w.conn.cursor() as cursor:
+            for queue in sorted(queues):
+                driver(w.conn).notify(cursor, "ox_task", queue)
     for key in taken:
         w.held.pop(key, None)
     w.claimed_total -= len(taken)

@@ -3,7 +3,7 @@ wrote locks them first (SELECT ... FOR UPDATE, SKIP LOCKED where workers compete
 them by id in one transaction; lists travel as one JSON document read with JSON_TABLE (the
 read driving the join, STRAIGHT_JOIN, so each row is one primary-key probe). A worker's
 liveness is a named lock its session holds (GET_LOCK), free the moment the session dies
-(IS_USED_LOCK). No LISTEN/NOTIFY: an idle worker's listener waits in SLEEP() and producers
+(IS_USED_LOCK). No LISTEN/NOTIFY: an idle worker's listener waits in GET_LOCK() and producers
 cut it short with KILL QUERY after commit (ox.db.mysql.wake). The partial indexes are full ones
 led by status there (ox.db.indexes), the unique index a generated column (migration 0016)."""
 
@@ -47,7 +47,7 @@ class MysqlDriver(MysqlClaims):
     text_type: ClassVar[str] = "CHAR"
     session_locks: ClassVar[bool] = True
     notifies: ClassVar[bool] = True  # by KILL QUERY (ox.db.mysql.wake)
-    lossy_wakeups: ClassVar[bool] = True  # a KILL between two SLEEPs ends nothing
+    lossy_wakeups: ClassVar[bool] = True  # a KILL between two waits ends nothing
     clock_sql: ClassVar[str] = "SELECT UTC_TIMESTAMP(6)"  # naive, in UTC
     repeats_pick: ClassVar[bool] = False
     correlates_into_cte: ClassVar[bool] = False

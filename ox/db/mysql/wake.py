@@ -2,15 +2,23 @@
 LISTEN/NOTIFY.
 
 - The worker's listener thread, on a session of its own, takes the named lock
-  `<prefix>w<lock_key>` and then waits in `SELECT SLEEP(n)`, over and over. The lock names the
-  session: IS_USED_LOCK() of it is that session's CONNECTION_ID, and NULL once the session is
-  gone, so a producer never needs a stored session id that may have been given to someone
-  else since (ids start again at 1 when the server restarts).
+  `<prefix>w<lock_key>` and then waits, over and over, WAIT_SECONDS at a time, for a second
+  named lock (`<prefix>w<lock_key>b`, "the bell") that a second session of the listener holds
+  and never lets go. The first lock names the session: IS_USED_LOCK() of it is that session's
+  CONNECTION_ID, and NULL once the session is gone, so a producer never needs a stored
+  session id that may have been given to someone else since (ids start again at 1 when the
+  server restarts).
 - A producer, once its enqueue has committed (ox.db.dialect.after_commit), reads the sessions
   of the running workers marked idle (ox.idle) that take one of the queues it enqueued to,
-  and sends each `KILL QUERY <id>`: that ends the SLEEP (MariaDB raises 1317, MySQL returns 1)
-  and the listener wakes the worker. KILL QUERY ends the running statement only; the session
-  and its lock stay. On a session running nothing it does nothing.
+  and sends each `KILL QUERY <id>`: that ends the wait (GET_LOCK returns NULL) and the
+  listener wakes the worker. KILL QUERY ends the running statement only; the session and its
+  locks stay. On a session running nothing it does nothing.
+- Why a lock wait and not `SELECT SLEEP(n)`: MariaDB's SLEEP waits under one server-wide
+  mutex, and a KILL QUERY that reaches a session just as its SLEEP ends blocks the producer
+  for two seconds (1 KILL in 100-300 with three idle workers woken in bursts; measured, and
+  tests/test_attack_mariadb_wake.py pins it). A lock wait has a mutex of its own per session.
+- If the bell's session dies, the wait gets the bell: the listener gives it back and raises,
+  and the caller reconnects both sessions (ox.listener).
 - What producers read is kept SEEN_FRESH seconds in each process, so a burst of enqueues costs
   one look, not one per enqueue: a worker that marks itself after that look looks again
   IDLE_RELOOK later (ox.idle), which finds what was enqueued meanwhile. A KILL that finds no
@@ -18,7 +26,7 @@ LISTEN/NOTIFY.
 - KILL needs the same database user (or CONNECTION ADMIN): a session the producer may not
   KILL is skipped from then on (a warning, once); that worker finds the producer's tasks at
   its poll, the others are still woken.
-- A KILL that arrives while the listener is between two SLEEPs ends nothing: a claim that a
+- A KILL that arrives while the listener is between two waits ends nothing: a claim that a
   wake-up led to and that came back short is followed by another IDLE_RELOOK later
   (Dialect.lossy_wakeups), which finds a task whose KILL was lost so. A listener that (re)
   starts wakes its worker once: enqueues meanwhile woke no one.
@@ -26,6 +34,7 @@ LISTEN/NOTIFY.
   for: no wake-up is sent, and the task starts at the workers' poll.
 """
 
+import copy
 import json
 import logging
 import threading
@@ -41,10 +50,11 @@ from ox.db.mysql.locks import take_lock
 
 logger = logging.getLogger("ox.worker")
 
-SLEEP_SECONDS = 2.0  # one SLEEP; the listener looks at its stop flag between them
+WAIT_SECONDS = 2.0  # one wait; the listener looks at its stop flag between them
+PING_SECONDS = 20.0  # the bell's session is pinged this often (well inside its wait_timeout)
 SEEN_FRESH = 0.025  # s: a look is reused this long (below ox.idle.IDLE_RELOOK)
-ER_QUERY_INTERRUPTED = 1317
 ER_NO_SUCH_THREAD = 1094
+ER_QUERY_INTERRUPTED = 1317
 
 # alias -> (monotonic time of the look, [(the worker's queues, its listener's session)])
 _seen: dict[str, tuple[float, list[tuple[frozenset[str], int]]]] = {}
@@ -59,21 +69,37 @@ def listen(
     stopped: threading.Event,
     ready: Callable[[], None],
 ) -> None:
-    """Hold the listener's lock on this session and sleep until stopped, waking the worker
-    whenever a SLEEP is cut short. Raises what the session raises (the caller reconnects)."""
+    """Hold the listener's lock on this session and wait until stopped, waking the worker
+    whenever a wait is cut short. Raises what either session raises (the caller reconnects)."""
     take_lock(conn, name)
-    ready()
-    with conn.cursor() as cursor:
-        while not stopped.is_set():
-            try:
-                cursor.execute("SELECT SLEEP(%s)", [SLEEP_SECONDS])
-                interrupted = cursor.fetchone()[0] == 1
-            except OperationalError as exc:
-                if not exc.args or exc.args[0] != ER_QUERY_INTERRUPTED:
-                    raise
-                interrupted = True
-            if interrupted:
-                wake()
+    bell_name = f"{name}b"
+    # A second session like this one (the same server, user and options).
+    bell = type(conn)(copy.deepcopy(conn.settings_dict), alias=conn.alias)
+    try:
+        bell.ensure_connection()
+        take_lock(bell, bell_name)
+        ready()
+        pinged = time.monotonic()
+        with conn.cursor() as cursor, bell.cursor() as ringer:
+            while not stopped.is_set():
+                try:
+                    cursor.execute("SELECT GET_LOCK(%s, %s)", [bell_name, WAIT_SECONDS])
+                    got = cursor.fetchone()[0]
+                except OperationalError as exc:
+                    if not exc.args or exc.args[0] != ER_QUERY_INTERRUPTED:
+                        raise
+                    got = None  # a server that reports the KILL as an error
+                if got is None:  # KILL QUERY ended the wait
+                    wake()
+                elif got == 1:  # the bell's session is gone (the server ended it)
+                    cursor.execute("SELECT RELEASE_LOCK(%s)", [bell_name])
+                    raise OperationalError(f"the listener's bell session (lock {bell_name!r}) is gone")
+                if time.monotonic() - pinged > PING_SECONDS:
+                    # The bell's session says nothing else: keep it inside its wait_timeout.
+                    ringer.execute("SELECT 1")
+                    pinged = time.monotonic()
+    finally:
+        bell.close()
 
 
 def _look(conn: BaseDatabaseWrapper, prefix: str) -> list[tuple[frozenset[str], int]]:
