@@ -49,8 +49,13 @@ class CappedPaginator(Paginator):
         if top + self.orphans >= self.count:
             top = self.count
         rows = self.object_list
+        ids: Any = rows.values("pk")[bottom:top]
+        if not connections[rows.db].features.allow_sliced_subqueries_with_in:
+            # MariaDB/MySQL take no LIMIT in an IN subquery: the page's ids first, one more
+            # round trip, still read from an index.
+            ids = list(ids.values_list("pk", flat=True))
         # Same filter and order inside and out: the outer query sorts just this page's rows.
-        return self._get_page(rows.filter(pk__in=rows.values("pk")[bottom:top]), number, self)
+        return self._get_page(rows.filter(pk__in=ids), number, self)
 
 
 class NewestFirst:
