@@ -10,6 +10,7 @@ from django.db import InterfaceError, OperationalError
 
 from ox import clock, sql
 from ox.db import driver
+from ox.db.dialect import CHANNEL
 from ox.executor import Key
 from ox.logs import event
 
@@ -79,7 +80,7 @@ def hand_back(w: "Worker") -> None:
         # claims nothing more: it holds no prefetch after a give-back (ox.claims).
         with w.conn.cursor() as cursor:
             for queue in sorted(queues):
-                driver(w.conn).notify(cursor, "ox_task", queue)
+                driver(w.conn).notify(cursor, CHANNEL, queue)
     for key in taken:
         w.held.pop(key, None)
     w.claimed_total -= len(taken)
