@@ -73,11 +73,12 @@ def hand_back(w: "Worker") -> None:
     queues = {w.held[key].claimed.queue for key in taken if key in w.held}
     count = sql.hand_back(w.conn, taken, clock.db_now(w.conn))
     w.to_hand_back = []
-    if count and driver(w.conn).notifies:
-        # Back to READY, but no enqueue tells the idle workers: one of them may have claimed
-        # moments ago and found nothing (as a burst's tasks, one prefetched by a busy worker
-        # that gives it back). Wake them, as an enqueue would. This worker's own wake-up
-        # claims nothing more: it holds no prefetch after a give-back (ox.claims).
+    if count and (w.stopping or w.stuck) and driver(w.conn).notifies:
+        # Back to READY, but no enqueue tells the idle workers, which may sleep a whole poll
+        # interval: a leaving worker wakes them, as an enqueue would. Only a leaving one: a
+        # running worker that gives back what it found no room for (an async task claimed
+        # under the sync limit) would wake itself, claim the task again and give it back,
+        # hundreds of times a second (tests/test_attack.py).
         with w.conn.cursor() as cursor:
             for queue in sorted(queues):
                 driver(w.conn).notify(cursor, CHANNEL, queue)
