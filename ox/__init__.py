@@ -4,7 +4,19 @@ from typing import Any
 
 __version__ = "0.3.0"  # ox/CHANGELOG.md says what each version changed
 
-__all__ = ["DuplicateTask", "Unique", "astep", "cancel", "enqueue_many", "is_duplicate", "retry", "step"]
+__all__ = [
+    "DuplicateTask",
+    "Unique",
+    "astep",
+    "cancel",
+    "chain",
+    "enqueue_many",
+    "group",
+    "is_duplicate",
+    "retry",
+    "sig",
+    "step",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,6 +34,10 @@ def __getattr__(name: str) -> Any:
         from ox import steps
 
         return getattr(steps, name)
+    if name in {"chain", "group", "sig"}:
+        from ox.workflow import canvas
+
+        return getattr(canvas, name)
     if name == "enqueue_many":
         from ox.enqueue import enqueue_many
 

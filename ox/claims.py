@@ -15,6 +15,8 @@ from ox import clock, sql
 from ox.completer import refused
 from ox.execution import Finished, Prepared, decide_retry, prepare, unrunnable
 from ox.flow import gate
+from ox.workflow import join
+from ox.workflow.canvas import input_text, with_input
 
 if TYPE_CHECKING:
     from ox.worker import Worker
@@ -102,7 +104,8 @@ class Claims:
         w.async_seen = w.async_seen or got_async > 0
         if async_limit and not got_async:
             w.next_async_probe = time.monotonic() + w.poll_interval
-        w.more_waiting = filled
+        # A workflow task's end may have made its followers READY: claim again at once.
+        w.more_waiting = w.completer.take_followed() or filled
         gave_back = True
         try:
             gave_back = self._start(claimed)
@@ -233,6 +236,13 @@ class Claims:
         """Prepare and hand over; True if some claims had to go back."""
         w = self.w
         history = self._history([c.id for c in claimed if c.attempts > 1])
+        flows = [c for c in claimed if c.workflow_id is not None]
+        if flows:
+            # A task after others in a workflow gets their results first (from its edges).
+            found = join.inputs(w.conn, [c.id for c in flows])
+            for c in flows:
+                if c.id in found:
+                    c.args_json = with_input(c.args_json, input_text(found[c.id]))
         preps: list[Prepared] = []
         for c in claimed:
             timeout = w.options.timeout_for(c.queue, None)

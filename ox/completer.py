@@ -52,6 +52,8 @@ class Completer:
         self.flush_due: float | None = None  # monotonic
         self.fenced_out = 0
         self.retry_due: float = 0.0  # monotonic: the latest retry this worker scheduled
+        # A workflow task's end was written: its followers may be READY (ox.workflow.join).
+        self.followed = False
 
     def __bool__(self) -> bool:
         return bool(self.successes or self.failures)
@@ -78,16 +80,18 @@ class Completer:
         return full or idle or time.monotonic() >= (self.flush_due or 0)
 
     def take_successes(self) -> list[sql.Completion]:
-        return [
-            sql.Completion(f.claimed.id, f.claimed.fence, f.return_json, f.started_at, f.finished_at)
-            for f in self.successes
-        ]
+        return _completions(self.successes)
+
+    def take_followed(self) -> bool:
+        followed, self.followed = self.followed, False
+        return followed
 
     def written(self, keys: set[Any]) -> None:
         """The current success batch went through (keys: the claims not fenced out)."""
         batch, self.successes, self.flush_due = self.successes, [], None
         for f in batch:
             if f.key in keys:
+                self.followed = self.followed or f.claimed.workflow_id is not None
                 self.signals.send(f, TaskResultStatus.SUCCESSFUL)
             else:
                 self._fenced(f)
@@ -146,6 +150,7 @@ class Completer:
             exception_class_path=path if len(path) <= CLASS_PATH_MAX else path[: CLASS_PATH_MAX - 3] + "...",
             traceback=storable_text(finished.traceback + note),
             retry_at=retry_at,
+            workflow=claimed.workflow_id is not None,
         )
         try:
             status = sql.fail(conn, failure)
@@ -168,6 +173,7 @@ class Completer:
         if status is None:
             self._fenced(finished)
             return
+        self.followed = self.followed or (status != "READY" and claimed.workflow_id is not None)
         if status == "READY" and retry_at is not None and (finished.retry_in or 0) <= BATCH_RETRY_HORIZON:
             self.retry_due = max(self.retry_due, time.monotonic() + (finished.retry_in or 0))
         text = finished.traceback.strip()
@@ -197,7 +203,12 @@ class Completer:
 
 
 def _completions(part: list[Finished]) -> list[sql.Completion]:
-    return [sql.Completion(f.claimed.id, f.claimed.fence, f.return_json, f.started_at, f.finished_at) for f in part]
+    return [
+        sql.Completion(
+            f.claimed.id, f.claimed.fence, f.return_json, f.started_at, f.finished_at, f.claimed.workflow_id is not None
+        )
+        for f in part
+    ]
 
 
 def _refused(finished: Finished, exc: Exception) -> Finished:

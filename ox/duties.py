@@ -38,9 +38,11 @@ def worker_duties(worker: "Worker") -> list[Duty]:
     from ox.prune import Pruner
     from ox.schedules import parse_schedules
     from ox.vacuum import Vacuumer
+    from ox.workflow.repair import repair_duty
 
     options = worker.options
-    duties = []
+    # Workflows' PENDING tasks whose predecessors ended where no join saw it (ox.workflow.repair).
+    duties = [repair_duty()]
     if options.schedules:
         duties.append(Duty("periodic", TICK_INTERVAL, Ticker(worker.backend, parse_schedules(options.schedules)).run))
     rules, workers = options.prune_rules(), options.worker_retention()

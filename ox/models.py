@@ -9,6 +9,8 @@ from ox.ids import uuid7
 
 
 class Status(models.TextChoices):
+    # PENDING: a workflow's task waiting for its predecessors (ox.workflow); never claimed.
+    PENDING = "PENDING"
     READY = "READY"
     RUNNING = "RUNNING"
     SUCCESSFUL = "SUCCESSFUL"
@@ -85,6 +87,10 @@ class TaskBase(models.Model):
     # `using(metadata=...)`, `context.metadata`, `save_metadata()`), e.g. its progress. NULL
     # until something is given: an enqueue without metadata writes nothing more.
     metadata = models.JSONField(null=True, blank=True)
+    # The workflow (ox.workflow) the task belongs to, and how many of its predecessors have
+    # not finished yet: a PENDING task becomes READY in the transaction that counts it to 0.
+    workflow_id = models.UUIDField(null=True, blank=True)
+    waiting = models.PositiveIntegerField(default=0, db_default=0)
 
     objects = TaskQuerySet.as_manager()
 
@@ -160,6 +166,15 @@ class Task(TaskBase):
                 name="ox_task_ready_key",
                 condition=Q(status="READY", limit_key__isnull=False),
             ),
+            # A workflow's tasks (its page, its repair), and the PENDING ones the repair sweep
+            # walks in id order: tasks outside workflows are in neither.
+            PartialIndex(
+                fields=["workflow_id"],
+                name="ox_task_workflow",
+                condition=Q(workflow_id__isnull=False),
+                fallback=["workflow_id"],
+            ),
+            PartialIndex(fields=["id"], name="ox_task_pending", condition=Q(status="PENDING")),
         ]
         constraints = [
             # Unique tasks (ox.flow.unique): a key is held while READY or RUNNING, and in a
@@ -195,6 +210,12 @@ class ArchivedTask(TaskBase):
                 fields=["status", "queue", "id"],
                 name="ox_archive_failed_queue",
                 condition=Q(status__in=["FAILED", "CANCELLED"]),
+            ),
+            PartialIndex(
+                fields=["workflow_id"],
+                name="ox_archive_workflow",
+                condition=Q(workflow_id__isnull=False),
+                fallback=["workflow_id"],
             ),
         ]
 
@@ -362,3 +383,6 @@ class Slot(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}#{self.n}"
+
+
+from ox.workflow.models import Edge, Workflow  # noqa: E402, F401  (the workflow tables, same app)

@@ -50,21 +50,35 @@ def cancel(task_ids: Any) -> Changed:
     with transaction.atomic(using=db):
         # One statement for both, so a task a worker moves between READY and RUNNING at the
         # same moment is changed by whichever rule its latest state calls for.
+        waits = [Status.READY, Status.PENDING]  # PENDING: a workflow's task not yet READY
         changed = (
-            qs.filter(status__in=[Status.READY, Status.RUNNING])
+            qs.filter(status__in=[*waits, Status.RUNNING])
             .exclude(status=Status.RUNNING, cancel_requested=True)
             .update(
-                finished_at=Case(When(status=Status.READY, then=Value(now)), default=F("finished_at")),
-                lease_expires_at=Case(When(status=Status.READY, then=Value(None)), default=F("lease_expires_at")),
+                finished_at=Case(When(status__in=waits, then=Value(now)), default=F("finished_at")),
+                lease_expires_at=Case(When(status__in=waits, then=Value(None)), default=F("lease_expires_at")),
                 cancel_requested=Case(When(status=Status.RUNNING, then=Value(True)), default=F("cancel_requested")),
                 # Last: MySQL assigns left to right, each SET seeing the ones before it.
-                status=Case(When(status=Status.READY, then=Value(Status.CANCELLED)), default=F("status")),
+                status=Case(When(status__in=waits, then=Value(Status.CANCELLED)), default=F("status")),
             )
         )
         # Counted by the timestamp just written, not through the caller's filter (which may
         # say status=READY and no longer match what it cancelled).
-        cancelled = Task.objects.using(db).filter(status=Status.CANCELLED, finished_at=now).count() if changed else 0
+        ended = Task.objects.using(db).filter(status=Status.CANCELLED, finished_at=now)
+        cancelled = ended.count() if changed else 0
+        if cancelled:
+            flows = ended.filter(workflow_id__isnull=False).values_list("id", flat=True)
+            _join_cancelled(connections[db], list(flows), now)
     return Changed(cancelled=cancelled, cancel_requested=changed - cancelled)
+
+
+def _join_cancelled(conn: Any, ids: list[Any], now: Any) -> None:
+    """What the workflow policy says follows a cancelled task, in the cancel's transaction."""
+    from ox.workflow import join
+
+    with conn.cursor() as cursor:
+        for task_id in ids:
+            join.ended_badly(conn, cursor, task_id, Status.CANCELLED.value, now)
 
 
 def _budget(task_path: str) -> int:

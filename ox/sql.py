@@ -80,13 +80,36 @@ def complete_and_claim(
         return set(), claim(conn, worker_id, queues, limits, now, lease_expires_at, gate)
     if max(limits) <= 0 or not queues:
         return complete(conn, done), []
-    return driver(conn).complete_and_claim(conn, done, worker_id, queues, limits, now, lease_expires_at, gate)
+    if not any(c.workflow for c in done):
+        return driver(conn).complete_and_claim(conn, done, worker_id, queues, limits, now, lease_expires_at, gate)
+    with transaction(conn) as cursor:
+        written, claimed = driver(conn).complete_and_claim(
+            conn, done, worker_id, queues, limits, now, lease_expires_at, gate
+        )
+        _join(conn, cursor, done, written)
+    return written, claimed
 
 
 def complete(conn: BaseDatabaseWrapper, done: Sequence[Completion]) -> set[Held]:
     """Mark tasks SUCCESSFUL in one statement; returns the claims written (the rest were
-    fenced out)."""
-    return driver(conn).complete(conn, done) if done else set()
+    fenced out). A workflow's tasks among them count their followers down in the same
+    transaction (ox.workflow.join)."""
+    if not done:
+        return set()
+    if not any(c.workflow for c in done):
+        return driver(conn).complete(conn, done)
+    with transaction(conn) as cursor:
+        written = driver(conn).complete(conn, done)
+        _join(conn, cursor, done, written)
+    return written
+
+
+def _join(conn: BaseDatabaseWrapper, cursor: Any, done: Sequence[Completion], written: set[Held]) -> None:
+    from ox.workflow import join
+
+    ended = [(c.id, c.return_json) for c in done if c.workflow and (c.id, c.fence) in written]
+    if ended:
+        join.succeeded(conn, cursor, ended, max(c.finished_at for c in done))
 
 
 def fail(conn: BaseDatabaseWrapper, failure: Failure) -> str | None:
@@ -99,7 +122,15 @@ def fail(conn: BaseDatabaseWrapper, failure: Failure) -> str | None:
         status = "CANCELLED"
     else:
         status = "FAILED"
-    return driver(conn).fail(conn, failure, status)
+    if not failure.workflow:
+        return driver(conn).fail(conn, failure, status)
+    with transaction(conn) as cursor:
+        written = driver(conn).fail(conn, failure, status)
+        if written in ("FAILED", "CANCELLED"):
+            from ox.workflow import join
+
+            join.ended_badly(conn, cursor, failure.id, written, failure.finished_at)
+    return written
 
 
 def renew(

@@ -40,6 +40,13 @@ class OxTask(Task):
             check_limit_key(self.limit_key)
         Task.__post_init__(self)
 
+    def s(self, *args: Any, **kwargs: Any) -> Any:
+        """This task called with these arguments, later: a step of a chain or a group
+        (ox.chain, ox.group)."""
+        from ox.workflow.canvas import Sig
+
+        return Sig(self, args, kwargs)
+
     def using(
         self,
         *,

@@ -295,6 +295,8 @@ class Worker:
             self._guard(self.claims.claim)
         elif self.completer.due(idle=not self.held):
             self._guard(lambda: self.completer.flush(self.conn))
+            # A workflow task's end may have made its followers READY: claim them now.
+            self.more_waiting = self.completer.take_followed() or self.more_waiting
 
     def _guard(self, step: Any) -> None:
         """Nothing a step meets ends the worker: a lost connection (a restart, a terminated

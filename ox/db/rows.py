@@ -12,7 +12,7 @@ from django.utils.dateparse import parse_datetime
 
 CLAIM_COLUMNS = (
     "id, task_path, queue, priority, args, kwargs, scheduled_for, enqueued_at, started_at,"
-    " attempts, max_attempts, fence, is_async, run_after, metadata"
+    " attempts, max_attempts, fence, is_async, run_after, metadata, workflow_id"
 )
 
 
@@ -33,6 +33,7 @@ class Claimed:
     is_async: bool  # as recorded at enqueue
     run_after: datetime  # when it became due (claim order)
     metadata_json: str | None = None  # None: none given (ox.metadata)
+    workflow_id: uuid.UUID | None = None  # ox.workflow: its end is joined in the same transaction
 
     @property
     def key(self) -> tuple[uuid.UUID, int]:
@@ -70,6 +71,7 @@ class Completion:
     return_json: str
     started_at: datetime
     finished_at: datetime
+    workflow: bool = False  # a workflow's task: its followers are counted down with it
 
 
 @dataclass(slots=True)
@@ -84,6 +86,7 @@ class Failure:
     exception_class_path: str
     traceback: str
     retry_at: datetime | None  # None: no retry, the task is finished
+    workflow: bool = False  # a workflow's task: a final failure applies its policy with it
 
 
 @dataclass(slots=True)
@@ -137,6 +140,7 @@ def read_claimed(rows: Iterable[Sequence[Any]]) -> list[Claimed]:
             is_async=bool(r[12]),
             run_after=read_ts(r[13]),
             metadata_json=None if r[14] is None else read_json_text(r[14]),
+            workflow_id=None if r[15] is None else read_id(r[15]),
         )
         for r in rows
     ]

@@ -80,7 +80,7 @@ class PostgresDriver(Driver):
         sql = (
             f"WITH done AS ({done_sql}), {', '.join(parts.picks)}, claimed AS ({parts.update})"
             f" SELECT true, {CLAIM_COLUMNS} FROM claimed"
-            f" UNION ALL SELECT false, id, {nulls}, fence, NULL, NULL, NULL FROM done"
+            f" UNION ALL SELECT false, id, {nulls}, fence, NULL, NULL, NULL, NULL FROM done"
         )
         with conn.cursor() as cursor:
             cursor.execute(sql, [*done_params, *parts.pick_params, *parts.update_params])
