@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard.views import actions, benchmarks, health, overview, queues, running, tasks, workers
+from dashboard.views import actions, benchmarks, health, overview, queues, running, tasks, workers, workflows
 
 app_name = "dashboard"
 urlpatterns = [
@@ -17,6 +17,9 @@ urlpatterns = [
     path("queues/resume/", queues.pause_or_resume, {"action": "resume"}, name="resume"),
     path("queues/limit/", queues.limit, name="limit"),
     path("running/", running.running, name="running"),
+    path("workflows/", workflows.workflow_list, name="workflows"),
+    path("workflows/<uuid:pk>/", workflows.workflow_detail, name="workflow"),
+    path("workflows/<uuid:pk>/retry/", workflows.retry_workflow, name="retry_workflow"),
     path("workers/", workers.workers, name="workers"),
     path("health/", health.health, name="health"),
     path("benchmarks/", benchmarks.benchmarks, name="benchmarks"),

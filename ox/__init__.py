@@ -14,6 +14,7 @@ __all__ = [
     "group",
     "is_duplicate",
     "retry",
+    "retry_workflow",
     "sig",
     "step",
 ]
@@ -38,6 +39,10 @@ def __getattr__(name: str) -> Any:
         from ox.workflow import canvas
 
         return getattr(canvas, name)
+    if name == "retry_workflow":
+        from ox.workflow.retry import retry_failed_part
+
+        return retry_failed_part
     if name == "enqueue_many":
         from ox.enqueue import enqueue_many
 

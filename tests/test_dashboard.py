@@ -16,7 +16,14 @@ from tests.test_dashboard_support import make_task, operator_fixture, render_at,
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["dashboard:overview", "dashboard:tasks", "dashboard:running", "dashboard:workers", "dashboard:benchmarks"]
+PAGES = [
+    "dashboard:overview",
+    "dashboard:tasks",
+    "dashboard:running",
+    "dashboard:workers",
+    "dashboard:benchmarks",
+    "dashboard:workflows",
+]
 
 
 @pytest.mark.parametrize("name", PAGES)

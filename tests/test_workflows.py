@@ -104,9 +104,9 @@ def test_bad_workflows_are_refused_clearly():
 
 
 def test_stop_cancels_what_follows_a_failure_and_on_failure_runs_once(start_worker):
-    run = ox.chain(
-        ox.group([wt.boom.s(), wt.boom.s(), wt.add.s(1, 1)]), wt.total.s(), wt.add.s(0)
-    ).enqueue(on_failure=wt.on_failure.s())
+    run = ox.chain(ox.group([wt.boom.s(), wt.boom.s(), wt.add.s(1, 1)]), wt.total.s(), wt.add.s(0)).enqueue(
+        on_failure=wt.on_failure.s()
+    )
     start_worker("--concurrency", "3")
     wait_until(lambda: Ledger.objects.filter(key="on_failure").exists(), 30)
     settled(run)
@@ -176,3 +176,31 @@ def test_the_repair_sweep_joins_ends_no_join_saw():
     assert status(go.results[1]) == Status.READY
     assert json.loads(Edge.objects.get(child_id=go.results[1].id).result) == 4
     assert Repairer().run(connection, timezone.now()) == 0  # nothing left to repair
+
+
+@pytest.mark.parametrize("policy", ["stop", "continue"])
+def test_retrying_the_failed_part_reruns_only_it_and_what_follows(start_worker, tmp_path, policy):
+    marker = tmp_path / "fixed"
+    run = ox.chain(
+        wt.add.s(1, 1, key="first"),
+        ox.group([wt.flaky.s(key="a", marker=str(marker)), wt.add.s(5, key="sibling")]),
+        wt.echo_all.s(),
+    ).enqueue(policy=policy, on_failure=wt.on_failure.s())
+    start_worker()
+    wait_until(lambda: Ledger.objects.filter(key="on_failure").count() == 1, 30)
+    settled(run)
+    assert status(run.results[1]) == Status.FAILED
+    assert status(run.last) == (Status.CANCELLED if policy == "stop" else Status.SUCCESSFUL)
+    marker.touch()
+    tries = Ledger.objects.filter(key="a").count()
+    rows = list(Task.objects.filter(workflow_id=run.id).values_list("task_path", "status"))
+    assert ox.retry_workflow(run.id) == 2, rows  # the failed member and the callback
+    assert status(run.last) == Status.PENDING
+    settled(run)
+    assert value(run.last) == [["a", 7]]
+    # What had succeeded ran once; the failed member once more; no second on-failure task.
+    assert Ledger.objects.filter(key="first").count() == 1
+    assert Ledger.objects.filter(key="sibling").count() == 1
+    assert Ledger.objects.filter(key="a").count() == tries + 1
+    assert Ledger.objects.filter(key="on_failure").count() == 1
+    assert ox.retry_workflow(run.id) == 0

@@ -62,3 +62,14 @@ def member(n: int, pause: float = 0.0) -> int:
 def count_members(values: list) -> int:
     Ledger.objects.create(key="callback", pid=os.getpid(), attempt=1)
     return len(values) * 1_000_000 + sum(values)
+
+
+@task()
+def flaky(*before: object, key: str, marker: str) -> str:
+    """Fails until the file `marker` exists: a failure the operator fixes, then retries."""
+    from pathlib import Path
+
+    Ledger.objects.create(key=key, pid=os.getpid(), attempt=1)
+    if not Path(marker).exists():
+        raise RuntimeError("not yet")
+    return key

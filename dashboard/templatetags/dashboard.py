@@ -11,6 +11,7 @@ from django.utils.html import format_html
 register = template.Library()
 
 BADGES = {
+    "PENDING": "pending",
     "READY": "ready",
     "RUNNING": "running",
     "SUCCESSFUL": "ok",

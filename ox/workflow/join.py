@@ -192,6 +192,7 @@ def _on_failure(
     )
     d.insert_tasks(conn, [row])
     cursor.execute("UPDATE ox_task SET workflow_id = %s WHERE id = %s", [d.id(flow_id), d.id(row.id)])
+    cursor.execute("UPDATE ox_workflow SET handler_id = %s WHERE id = %s", [d.id(row.id), d.id(flow_id)])
 
 
 def inputs(conn: BaseDatabaseWrapper, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[tuple[bool, str | None]]]:

@@ -24,6 +24,7 @@ class Workflow(models.Model):
     # Set by the transaction that recorded the first final failure: it alone enqueues the
     # on-failure task (the row's lock decides, however many failures race).
     failed_at = models.DateTimeField(null=True, blank=True)
+    handler_id = models.UUIDField(null=True, blank=True)  # the on-failure task, once enqueued
 
     class Meta:
         db_table = "ox_workflow"
