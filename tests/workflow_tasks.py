@@ -73,3 +73,11 @@ def flaky(*before: object, key: str, marker: str) -> str:
     if not Path(marker).exists():
         raise RuntimeError("not yet")
     return key
+
+
+@task()
+def slow_step(*before: object, seconds: float = 1.0) -> str:
+    import time
+
+    time.sleep(seconds)
+    return "slow"
