@@ -60,6 +60,35 @@ def export_report(context, rows: int = 40, pause: float = 0.25) -> int:
 
 
 @task
+def fetch_album(album: str) -> list[str]:
+    """A workflow's first step (ox.chain): what the next steps work on."""
+    time.sleep(0.3)
+    return [f"{album}/photo-{n}.jpg" for n in range(1, 5)]
+
+
+@task
+def resize(photos: list[str], n: int, width: int = 640) -> str:
+    """A group member (ox.group): one photo of the album, in parallel with the others."""
+    time.sleep(0.2 + 0.1 * n)
+    return f"{photos[n]}@{width}w"
+
+
+@task
+def publish(resized: list[str]) -> str:
+    """The group's callback: once, with every member's result, after all succeeded."""
+    return f"published {len(resized)} photos"
+
+
+def album_workflow(album: str) -> object:
+    """fetch_album -> 4 resize in parallel -> publish: the demo's chain with a group in it."""
+    import ox
+
+    return ox.chain(fetch_album.s(album), ox.group([resize.s(n) for n in range(4)]), publish.s()).enqueue(
+        name=f"album {album}"
+    )
+
+
+@task
 def trickle(tick: int = 0) -> int:
     """Run every few seconds while ./run shows the demo (settings: OX_DEMO), so the overview's
     chart moves: a few small tasks, now and then a report with a progress bar."""
@@ -70,4 +99,6 @@ def trickle(tick: int = 0) -> int:
         add.enqueue(i, tick)
     if random.random() < 0.1:  # noqa: S311
         export_report.enqueue(20, 0.2)
+    if random.random() < 0.1:  # noqa: S311
+        album_workflow(f"trickle-{tick}")
     return n

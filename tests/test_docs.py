@@ -270,7 +270,10 @@ def test_demo_setup_enqueues_the_demo_tasks_and_says_which(db):
 
     out = io.StringIO()
     call_command("demo_setup", stdout=out)
-    assert "demo tasks enqueued: 5 add" in out.getvalue() and Task.objects.count() == 10
+    assert "demo tasks enqueued: 5 add" in out.getvalue()
+    # 10 tasks, and two workflows: the album (1 + 4 + 1) and the chain of adds (3).
+    assert Task.objects.count() == 10 + 6 + 3 and Task.objects.filter(workflow_id__isnull=False).count() == 9
+    assert "2 workflows" in out.getvalue()
     assert "staff login" not in out.getvalue() and not get_user_model().objects.exists()
 
 

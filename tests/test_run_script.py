@@ -143,6 +143,17 @@ def test_run_serves_debug_on_loopback_with_private_files(tmp_path, started):
     while trickled() < 2 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert trickled() >= 2, run.output()
+
+    # The demo's workflows (demo_setup): the album's group called back once, the chain ran through.
+    def published() -> list[tuple[str, str]]:
+        with sqlite3.connect(var / "db.sqlite3") as conn:
+            query = "SELECT task_path, status FROM ox_task WHERE task_path IN (?, ?) AND status = 'SUCCESSFUL'"
+            return conn.execute(query, ["demo.tasks.publish", "demo.tasks.fetch_album"]).fetchall()
+
+    deadline = time.monotonic() + 30
+    while len(published()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ("demo.tasks.publish", "SUCCESSFUL") in published(), run.output()
     assert run.stop() == 0, run.output()
 
 
