@@ -2,7 +2,7 @@
 
 from typing import Any
 
-__version__ = "0.3.0"  # ox/CHANGELOG.md says what each version changed
+__version__ = "0.4.0"  # ox/CHANGELOG.md says what each version changed
 
 __all__ = [
     "DuplicateTask",

@@ -204,3 +204,49 @@ def test_retrying_the_failed_part_reruns_only_it_and_what_follows(start_worker, 
     assert Ledger.objects.filter(key="a").count() == tries + 1
     assert Ledger.objects.filter(key="on_failure").count() == 1
     assert ox.retry_workflow(run.id) == 0
+
+
+def test_a_unique_task_is_refused_in_a_workflow():
+    with pytest.raises(ValueError, match="unique"):
+        ox.chain(wt.add.s(1, 1), wt.add.using(unique=True).s(2)).enqueue()
+    assert not Task.objects.exists() and not Workflow.objects.exists()
+
+
+def test_retry_refuses_while_a_task_it_would_reset_runs():
+    from ox.workflow.retry import StillRunning
+
+    run = ox.chain(wt.add.s(1, 1), wt.add.s(1), wt.add.s(1)).enqueue(policy="continue")
+    Task.objects.filter(pk=run.results[0].id).update(status=Status.FAILED)
+    Task.objects.filter(pk=run.results[1].id).update(status=Status.RUNNING)
+    with pytest.raises(StillRunning):
+        ox.retry_workflow(run.id)
+    assert status(run.results[0]) == Status.FAILED  # nothing changed
+
+
+def test_cancelling_a_running_workflow_task_applies_the_policy(start_worker):
+    run = ox.chain(wt.slow_step.s(seconds=30), wt.add.s(1, key="after")).enqueue()
+    worker = start_worker(env=options(heartbeat=0.5))
+    wait_until(lambda: status(run.results[0]) == Status.RUNNING, 20)
+    assert operations.cancel([run.results[0].id]).cancel_requested == 1
+    wait_until(lambda: status(run.results[0]) == Status.CANCELLED, 30)
+    wait_until(lambda: status(run.last) == Status.CANCELLED, 10)
+    assert not Ledger.objects.filter(key="after").exists(), worker.output()[-1500:]
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no wake-up: workers poll")
+def test_an_idle_worker_of_the_followers_queue_is_woken(start_worker):
+    """The follower is on a queue only another, idle worker serves: the join wakes it as an
+    enqueue would, not at its poll (30 s)."""
+    other = start_worker("--queues", "other", env=options(poll_interval=30))
+    from ox.models import Worker
+
+    wait_until(lambda: Worker.objects.filter(pid=other.pid, idle_since__isnull=False).exists(), 30)
+    time.sleep(0.5)
+    run = ox.chain(wt.add.s(1, 1), wt.add.using(queue_name="other").s(1)).enqueue()
+    start_worker("--queues", "default", env=options(poll_interval=30))
+    wait_until(lambda: status(run.results[0]) == Status.SUCCESSFUL, 30)
+    started = time.monotonic()
+    settled(run, timeout=25)
+    took = time.monotonic() - started
+    assert took < 5, f"the follower started {took:.1f} s after its predecessor: at the poll"
+    assert value(run.last) == 3

@@ -79,5 +79,7 @@ def flaky(*before: object, key: str, marker: str) -> str:
 def slow_step(*before: object, seconds: float = 1.0) -> str:
     import time
 
-    time.sleep(seconds)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:  # short sleeps: a cancel's interrupt lands between them
+        time.sleep(0.05)
     return "slow"
