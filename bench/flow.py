@@ -65,6 +65,9 @@ def _fill(p: Params) -> Callable[[], None]:
     import ox
 
     n, keys, task = p["n"], p.get("keys"), WORKLOADS[p.get("task", "noop")]
+    steps = p.get("chain")
+    if steps:  # n tasks as n / steps chains (ox.chain), each step after the one before
+        return lambda: [ox.chain(*[task.s() for _ in range(steps)]).enqueue() for _ in range(n // steps)]
     if not keys:
         return lambda: ox.enqueue_many(task, [((), {})] * n)
     limited = replace(keyed, limit_by=("account",))  # @task(limit_by="account")
@@ -83,7 +86,8 @@ def drain_once(arm: Arm, p: Params, v: Params) -> Result:
     n = p["n"]
     env = {**p.get("worker_env", {}), "BENCH_OX_LIMITS": json.dumps(v.get("limits") or {})}
     fleet = Fleet(arm, {**p, "worker_env": env})
-    p = {**p, "task": v.get("task", p.get("task", "noop"))}  # a variant may run a task of its own
+    # A variant may run a task of its own, or its tasks as chains of `chain` steps.
+    p = {**p, "task": v.get("task", p.get("task", "noop")), "chain": v.get("chain")}
     fill = _fill(p)
     try:
         fleet.start_all(v["processes"], v["concurrency"])

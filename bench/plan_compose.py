@@ -7,6 +7,41 @@ ROUNDS = 3
 
 
 def compose_cells() -> list[Cell]:
+    return [*_progress(), *(_chain(c) for c in (1, 4))]
+
+
+def _chain(concurrency: int) -> Cell:
+    """workflow_chain_c1/c4: 10,000 no-op tasks as 2,000 chains of five steps (each step's
+    success makes the next READY in its transaction) against 10,000 independent no-op tasks.
+    Target (issue 13): the chain costs at most 1.5x, i.e. chain5/plain >= 0.667."""
+    variants = [
+        {**_variant("chain5", 1, concurrency), "task": "noop_step", "chain": 5},
+        {**_variant("plain", 1, concurrency), "task": "noop_step"},
+    ]
+    ratios = {"chain5_plain": ["chain5", "plain"]}
+    return Cell(
+        f"workflow_chain_c{concurrency}",
+        "drain",
+        "ox only (no peer has workflows here): drain of 10,000 no-op tasks enqueued as 2,000 chains of"
+        " 5 steps (ox.chain: each step gets the one before's result) against the same 10,000 as"
+        f" independent tasks; 1 worker process, concurrency {concurrency}, CONN_MAX_AGE=600; PostgreSQL;"
+        f" {ROUNDS} rounds, variants rotating",
+        _compare_metrics(variants, ratios),
+        {
+            "n": 10_000,
+            "task": "noop_step",
+            "variants": variants,
+            "ratios": ratios,
+            "rounds": ROUNDS,
+            "worker_env": PERSISTENT,
+        },
+        db="pg",
+        arms=("ox",),
+        timeout=1200.0,
+    )
+
+
+def _progress() -> list[Cell]:
     """progress_metadata: 100 async tasks at once, each a second of ten steps saving its
     progress after every step (ten saves a second each: a thousand a second in all), against
     the same tasks without the saves. Target (issue 13): the saves cost at most 10% of the

@@ -32,6 +32,12 @@ def noop() -> None:
 
 
 @task
+def noop_step(*before: object) -> None:
+    """noop as a step of a chain (ox.chain): it takes the step before's result."""
+    return None
+
+
+@task
 def cpu_bound() -> None:
     sha_rounds(100_000)
 
@@ -90,6 +96,7 @@ async def plain_async(steps: int = 10, pause: float = 0.1) -> None:
 
 WORKLOADS = {
     "noop": noop,
+    "noop_step": noop_step,
     "cpu_bound": cpu_bound,
     "io_bound": io_bound,
     "io_bound_async": io_bound_async,

@@ -70,19 +70,39 @@ def prune_batch(
         if not d.duty_lock(cursor, PRUNER_KEY, wait):
             return None
         cursor.execute(
-            f"SELECT id FROM {table} WHERE {_finished(table)}status = %s AND finished_at < %s ORDER BY finished_at"
-            f" LIMIT %s{d.skip_locked}",
+            f"SELECT id, workflow_id FROM {table} WHERE {_finished(table)}status = %s AND finished_at < %s"
+            f" ORDER BY finished_at LIMIT %s{d.skip_locked}",
             [status, conn.ops.adapt_datetimefield_value(cutoff), limit],
         )
-        ids = [r[0] for r in cursor.fetchall()]
-        if not ids:
+        rows = cursor.fetchall()
+        if not rows:
             return 0
+        ids = [r[0] for r in rows]
         match, params = d.in_list(ids)
         # Explicitly: ox_attempt has no foreign key constraint (an archived task's attempts stay).
         cursor.execute(f"DELETE FROM ox_attempt WHERE task_id {match}", params)
         cursor.execute(f"DELETE FROM ox_step WHERE task_id {match}", params)  # ox.steps: likewise
         cursor.execute(f"DELETE FROM {table} WHERE id {match}", params)
-        return cursor.rowcount
+        deleted = cursor.rowcount
+        flows = sorted({r[1] for r in rows if r[1] is not None})
+        if flows:
+            _prune_workflows(cursor, d, ids, flows)
+        return deleted
+
+
+def _prune_workflows(cursor: Any, d: Any, ids: list[Any], flows: list[Any]) -> None:
+    """A pruned task's edges in (its inputs: it has ended, it reads them no more), and a
+    workflow's row once none of its tasks is left. Edges out of a pruned task stay until the
+    task after it goes: they hold the result that task's inputs are read from."""
+    match, params = d.in_list(ids)
+    cursor.execute(f"DELETE FROM ox_workflow_edge WHERE child_id {match}", params)
+    match, params = d.in_list(flows)
+    cursor.execute(
+        f"DELETE FROM ox_workflow WHERE id {match}"
+        " AND NOT EXISTS (SELECT 1 FROM ox_task t WHERE t.workflow_id = ox_workflow.id)"
+        " AND NOT EXISTS (SELECT 1 FROM ox_task_archive a WHERE a.workflow_id = ox_workflow.id)",
+        params,
+    )
 
 
 def prune(

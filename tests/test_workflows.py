@@ -250,3 +250,29 @@ def test_an_idle_worker_of_the_followers_queue_is_woken(start_worker):
     took = time.monotonic() - started
     assert took < 5, f"the follower started {took:.1f} s after its predecessor: at the poll"
     assert value(run.last) == 3
+
+
+def test_pruning_a_finished_workflow_takes_its_edges_and_its_row_with_it(start_worker):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ox.prune import prune
+
+    done = ox.group([wt.add.s(i, 0) for i in range(3)]).then(wt.total.s()).enqueue()
+    waiting = ox.chain(wt.add.s(1, 1), wt.add.using(queue_name="emails").s(1)).enqueue()
+    worker = start_worker("--queues", "default")
+    settled(done)
+    wait_until(lambda: status(waiting.results[0]) == Status.SUCCESSFUL, 20)
+    worker.signal(15)
+    worker.wait(30)
+    prune(connection, {"SUCCESSFUL": timedelta(0)}, timezone.now() + timedelta(seconds=5))
+    assert not Task.objects.filter(workflow_id=done.id).exists()
+    assert not Edge.objects.filter(workflow_id=done.id).exists() and not Workflow.objects.filter(pk=done.id).exists()
+    # A finished task whose follower still waits: pruned, but the edge holding its result stays.
+    assert not Task.objects.filter(pk=waiting.results[0].id).exists()
+    assert json.loads(Edge.objects.get(workflow_id=waiting.id).result) == 2
+    assert Workflow.objects.filter(pk=waiting.id).exists()
+    start_worker("--queues", "emails")
+    settled(waiting)
+    assert value(waiting.last) == 3
