@@ -15,6 +15,8 @@ from ox.models import Attempt, Outcome, Status
 from ox.models import TaskBase as TaskRow  # a row of ox_task or of the archive
 
 STATUS_FOR_DJANGO = {
+    # A workflow's task waiting for the ones before it (ox.workflow): not started, as READY.
+    Status.PENDING: TaskResultStatus.READY,
     Status.READY: TaskResultStatus.READY,
     Status.RUNNING: TaskResultStatus.RUNNING,
     Status.SUCCESSFUL: TaskResultStatus.SUCCESSFUL,

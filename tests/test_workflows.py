@@ -7,6 +7,7 @@ import time
 
 import pytest
 from django.db import connection, transaction
+from django.tasks import TaskResultStatus
 
 import ox
 from ox import operations
@@ -39,6 +40,9 @@ def settled(run, timeout: float = 30) -> None:
 def test_a_chain_passes_each_result_to_the_next(start_worker):
     run = ox.chain(wt.add.s(1, 2), wt.add.s(10), wt.add.s(100)).enqueue()
     assert [status(r) for r in run.results] == [Status.READY, Status.PENDING, Status.PENDING]
+    # Django's contract has no PENDING: a task that waits has not started, it reads as READY.
+    waiting = wt.add.get_backend().get_result(run.last.id)
+    assert waiting.status == TaskResultStatus.READY and waiting.args == [100]
     assert Task.objects.filter(workflow_id=run.id).count() == 3
     start_worker()
     settled(run)
