@@ -148,14 +148,44 @@ def retry(task_ids: Any, archived: QuerySet[ArchivedTask] | None = None) -> Chan
     db = (hot if hot is not None else archive).db or router.db_for_write(Task)
     now = clock.db_now(connections[db])
     retried = duplicates = 0
+    flows: list[uuid.UUID] = []
     with transaction.atomic(using=db):
         if hot is not None:
+            flows += hot.filter(status__in=RETRYABLE, workflow_id__isnull=False).values_list("pk", flat=True)
             retried, duplicates = _reopen(hot.filter(status__in=RETRYABLE), now)
         if archive is not None:
             ids = list(archive.filter(status__in=RETRYABLE).values_list("pk", flat=True).order_by())
             moved = move_back(connections[db], ids) if ids else []
             for start in range(0, len(moved), ID_CHUNK):
                 chunk = moved[start : start + ID_CHUNK]
-                done, dup = _reopen(Task.objects.using(db).filter(pk__in=chunk, status__in=RETRYABLE), now)
+                of_chunk = Task.objects.using(db).filter(pk__in=chunk, status__in=RETRYABLE)
+                flows += of_chunk.filter(workflow_id__isnull=False).values_list("pk", flat=True)
+                done, dup = _reopen(of_chunk, now)
                 retried, duplicates = retried + done, duplicates + dup
+        if flows:
+            _wait_again(db, flows)
     return Changed(retried=retried, duplicates=duplicates)
+
+
+def _wait_again(db: str, ids: list[uuid.UUID]) -> None:
+    """Workflow tasks just made READY that still wait for tasks before them (cancelled while
+    PENDING, their predecessors not ended): PENDING again, waiting for those, rather than
+    READY at once and run before their predecessors with None for their results. The rows
+    are locked by the retry's UPDATE: a join that ends a predecessor now waits, then counts
+    them down as usual."""
+    from django.db.models import Count
+
+    from ox.workflow.models import Edge
+
+    for start in range(0, len(ids), ID_CHUNK):
+        chunk = ids[start : start + ID_CHUNK]
+        open_edges = (
+            Edge.objects.using(db)
+            .filter(child_id__in=chunk, done=False)
+            .values("child_id")
+            .annotate(n=Count("id"))
+            .values_list("child_id", "n")
+            .order_by()
+        )
+        for child, n in open_edges:
+            Task.objects.using(db).filter(pk=child, status=Status.READY).update(status=Status.PENDING, waiting=n)

@@ -17,7 +17,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox.db import driver
 from ox.db.base import HELD_FINISHED, LOCK_NAMESPACE, LOST_TRACEBACK, RESCUER_KEY, UNIQUE_HELD, Held
-from ox.db.rows import CLAIM_COLUMNS, Claimed, Completion, Failure, NewTask, WorkerRow
+from ox.db.rows import CLAIM_COLUMNS, Claimed, Completion, Failure, NewTask, WorkerRow, read_id
 from ox.db.walks import Gate
 
 __all__ = [
@@ -148,7 +148,13 @@ def renew(
 def hand_back(conn: BaseDatabaseWrapper, held: Sequence[Held], now: datetime) -> int:
     """Return claimed-but-unstarted tasks to READY without spending an attempt (CANCELLED if
     a cancel was requested meanwhile)."""
-    return driver(conn).hand_back(conn, held, now) if held else 0
+    if not held:
+        return 0
+    count = driver(conn).hand_back(conn, held, now)
+    # A cancel requested meanwhile ended it CANCELLED here, where no join saw it: a workflow
+    # task's followers (and its on-failure task) are joined now, not at the repair sweep.
+    _join_ended_badly(conn, [i for i, _f in held], now)
+    return count
 
 
 def attempt_history(conn: BaseDatabaseWrapper, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[tuple[str, str, str]]]:
@@ -206,7 +212,35 @@ def rescue_and_mark(
     freed with its tasks. One rescuer at a time. Returns (task id, worker id, new status)
     per rescued task, and the workers newly found without their lock (where the database
     has session locks: liveness_grace seconds after that, they are dead)."""
-    return driver(conn).rescue_and_mark(conn, now, max_lost, liveness_grace)
+    rescued, marked = driver(conn).rescue_and_mark(conn, now, max_lost, liveness_grace)
+    # A task given up on (FAILED) or cancelled here ended where no join saw it. The repair
+    # sweep only walks PENDING followers: a workflow's last task never enqueued its
+    # on-failure task. Joined now, in a transaction of its own (joining again is harmless).
+    ended = [i for i, _w, status in rescued if status in ("FAILED", "CANCELLED")]
+    if ended:
+        _join_ended_badly(conn, ended, now)
+    return rescued, marked
+
+
+def _join_ended_badly(conn: BaseDatabaseWrapper, ids: Sequence[uuid.UUID], now: datetime) -> None:
+    """The workflow policy (and on-failure task) for those of these tasks that are a
+    workflow's and FAILED or CANCELLED. ox.workflow.join.ended_badly is idempotent (its
+    edges are closed once, the on-failure task enqueued once), so a task joined before is
+    left as it is."""
+    from ox.workflow import join
+
+    d = driver(conn)
+    marks = ", ".join(["%s"] * len(ids))
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id, status FROM ox_task WHERE id IN ({marks}) AND workflow_id IS NOT NULL"
+            " AND status IN ('FAILED', 'CANCELLED') ORDER BY id",
+            [d.id(i) for i in ids],
+        )
+        found = [(read_id(r[0]), r[1]) for r in cursor.fetchall()]
+    for task_id, status in found:
+        with transaction(conn) as cursor:
+            join.ended_badly(conn, cursor, task_id, status, now)
 
 
 def hold_worker_lock(conn: BaseDatabaseWrapper, lock_key: int) -> None:

@@ -69,7 +69,8 @@ def task_detail(request: HttpRequest, pk: str) -> HttpResponse:
         "now": timezone.now(),
         "active": task.status not in FINISHED,
         "can_retry": task.status in RETRYABLE,
-        "can_cancel": task.status in (Status.READY, Status.RUNNING) and not task.cancel_requested,
+        # PENDING: a workflow's waiting task, which ox.cancel takes too (ox.workflow).
+        "can_cancel": task.status in (Status.PENDING, Status.READY, Status.RUNNING) and not task.cancel_requested,
         "can_change": can_change_tasks(request),
         # Only a READY task waits; the others cost no query here (an archived row is never READY).
         "waiting": why_waiting(task) if task.status == Status.READY else None,

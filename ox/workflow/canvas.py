@@ -130,8 +130,9 @@ class _Graph:
         before = node.items[0]
         for item in node.items[1:]:
             heads, next_tails = self.add(item)
-            # After a group (even a group of one), the list of its results.
-            gather = len(tails) > 1 or isinstance(before, Group)
+            # After a group (even a group of one), the list of its results; also after a chain
+            # nested in this one that ends in a group.
+            gather = len(tails) > 1 or _ends_in_group(before)
             before = item
             if len(self.edges) + len(tails) * len(heads) > MAX_EDGES:
                 raise ValueError(
@@ -144,9 +145,10 @@ class _Graph:
         return first_heads, tails
 
 
-def _last(chain_: Chain, item: Node) -> Node:
-    """The node before `item` in the chain (a group before it gathers, even a group of one)."""
-    return chain_.items[chain_.items.index(item) - 1]
+def _ends_in_group(node: Node) -> bool:
+    while isinstance(node, Chain):
+        node = node.items[-1]
+    return isinstance(node, Group)
 
 
 def enqueue(node: Node, *, policy: str = "stop", on_failure: Sig | None = None, name: str = "") -> WorkflowRun:

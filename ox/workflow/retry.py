@@ -32,14 +32,21 @@ def retry_failed_part(workflow_id: Any) -> int:
         archived = list(ArchivedTask.objects.using(db).filter(workflow_id=flow.id).values_list("pk", flat=True))
         if archived:
             move_back(conn, archived)
-        rows = {
-            pk: (status, path)
-            for pk, status, path in Task.objects.using(db)
+        rows = {}
+        handlers = set()
+        for pk, status, path, enqueued_at in (
+            Task.objects.using(db)
             .filter(workflow_id=flow.id)
             .order_by("pk")
             .select_for_update()
-            .values_list("pk", "status", "task_path")
-        }
+            .values_list("pk", "status", "task_path", "enqueued_at")
+        ):
+            rows[pk] = (status, path)
+            # The workflow's own tasks were enqueued with it; an on-failure task later, at a
+            # failure. handler_id names only the latest (a retry clears it): an earlier one
+            # that failed itself was taken for part of the workflow and run again.
+            if enqueued_at != flow.created_at:
+                handlers.add(pk)
         edges = list(Edge.objects.using(db).filter(workflow_id=flow.id).values_list("parent_id", "child_id", "done"))
         after: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
         into: dict[uuid.UUID, list[tuple[uuid.UUID, bool]]] = defaultdict(list)
@@ -49,7 +56,7 @@ def retry_failed_part(workflow_id: Any) -> int:
         failed = [
             pk
             for pk, (status, _p) in rows.items()
-            if status in (Status.FAILED, Status.CANCELLED) and pk != flow.handler_id
+            if status in (Status.FAILED, Status.CANCELLED) and pk != flow.handler_id and pk not in handlers
         ]
         redo = _with_followers(failed, after)
         running = [pk for pk in redo if rows.get(pk, ("", ""))[0] == Status.RUNNING]
