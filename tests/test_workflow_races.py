@@ -58,7 +58,9 @@ def test_a_worker_killed_mid_group_neither_stalls_it_nor_runs_the_callback_twice
     callback = Task.objects.get(pk=run.last.id)
     assert callback.return_value == 200 * 1_000_000 + sum(range(200)), other.output()[-2000:]
     assert Task.objects.filter(workflow_id=run.id, status=Status.SUCCESSFUL).count() == 201
-    # Only what the killed worker held may have run twice.
-    twice = Ledger.objects.values("key").annotate(n=Count("id")).filter(n__gt=1).count()
-    assert twice <= 4, f"{twice} members ran twice; the killed worker held at most 4 (+ prefetch)"
+    # Only what the killed worker ran may have run twice: those in its hands, and those it
+    # finished whose success was still in its completion batch.
+    twice = set(Ledger.objects.values("key").annotate(n=Count("id")).filter(n__gt=1).values_list("key", flat=True))
+    by_victim = set(Ledger.objects.filter(pid=victim.pid).values_list("key", flat=True))
+    assert twice <= by_victim, twice - by_victim
     assert time.monotonic() - started < 90
