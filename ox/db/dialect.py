@@ -116,6 +116,10 @@ class Dialect:
         """Wake the idle workers of queue `payload` once the open transaction commits (where
         the database can; elsewhere workers poll)."""
 
+    def notify_idle(self, cursor: Any, channel: str, payload: str) -> None:
+        """notify(), where a worker has marked itself idle (ox.idle): a busy one needs none."""
+        self.notify(cursor, channel, payload)
+
     def listen(
         self,
         conn: BaseDatabaseWrapper,

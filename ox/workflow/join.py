@@ -30,12 +30,30 @@ FINISHED = ("SUCCESSFUL", "FAILED", "CANCELLED")
 def succeeded(conn: BaseDatabaseWrapper, cursor: Any, done: Sequence[tuple[uuid.UUID, str]], now: datetime) -> int:
     """Tasks that just succeeded ((id, return JSON)): count their followers down. Returns how
     many followers became READY."""
-    results = {task_id: text for task_id, text in done}
-    edges = _open_edges(conn, cursor, list(results))
-    if not edges:
+    children = _take_edges(conn, cursor, dict(done))
+    if not children:
         return 0
-    _close_edges(conn, cursor, [(e, results[p]) for e, p, _c in edges])
-    return count_down(conn, cursor, Counter(c for _e, _p, c in edges), now)
+    return count_down(conn, cursor, Counter(children), now)
+
+
+def _take_edges(conn: BaseDatabaseWrapper, cursor: Any, results: dict[uuid.UUID, str]) -> list[uuid.UUID]:
+    """Close the open edges out of these tasks, each with its task's result: one statement
+    where the database has UPDATE ... RETURNING. Returns the child of each edge closed."""
+    d = driver(conn)
+    parents = list(results)
+    cases = " ".join("WHEN %s THEN %s" for _ in parents)
+    marks = ", ".join(["%s"] * len(parents))
+    rows = d.update_returning(
+        conn,
+        "ox_workflow_edge",
+        f"result = CASE parent_id {cases} END, done = {d.true}",
+        [v for p in parents for v in (d.id(p), results[p])],
+        f"parent_id IN ({marks}) AND done = {d.false}",
+        [d.id(p) for p in parents],
+        "child_id",
+        cursor=cursor,
+    )
+    return [read_id(r[-1]) for r in rows]
 
 
 def ended_badly(conn: BaseDatabaseWrapper, cursor: Any, task_id: uuid.UUID, status: str, now: datetime) -> None:
@@ -134,9 +152,10 @@ def count_down(conn: BaseDatabaseWrapper, cursor: Any, children: Mapping[uuid.UU
         marks = ", ".join(["%s"] * len(ids))
         cursor.execute(f"UPDATE ox_task SET waiting = waiting - %s WHERE id IN ({marks})", [k, *(d.id(i) for i in ids)])
     if queues and d.notifies:
-        # As an enqueue would: idle workers of those queues claim them now, not at their poll.
+        # As an enqueue would: idle workers of those queues claim them now, not at their poll
+        # (and only if a worker is idle: a NOTIFY costs the commit a cluster-wide lock).
         for queue in sorted(queues):
-            d.notify(cursor, CHANNEL, queue)
+            d.notify_idle(cursor, CHANNEL, queue)
     return len(ready)
 
 

@@ -94,6 +94,13 @@ class PostgresDriver(Driver):
     def notify(self, cursor: Any, channel: str, payload: str) -> None:
         cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
 
+    def notify_idle(self, cursor: Any, channel: str, payload: str) -> None:
+        # One statement: the NOTIFY only if a running worker is marked idle (ox_worker_idle).
+        cursor.execute(
+            "SELECT pg_notify(%s, %s) FROM ox_worker WHERE idle_since IS NOT NULL AND stopped_at IS NULL LIMIT 1",
+            [channel, payload],
+        )
+
     def listen(
         self,
         conn: BaseDatabaseWrapper,
