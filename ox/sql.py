@@ -145,15 +145,17 @@ def renew(
     return driver(conn).renew(conn, held, lease_expires_at) if held else {}
 
 
-def hand_back(conn: BaseDatabaseWrapper, held: Sequence[Held], now: datetime) -> int:
+def hand_back(conn: BaseDatabaseWrapper, held: Sequence[Held], now: datetime, flows: Sequence[uuid.UUID] = ()) -> int:
     """Return claimed-but-unstarted tasks to READY without spending an attempt (CANCELLED if
-    a cancel was requested meanwhile)."""
+    a cancel was requested meanwhile). flows: those of them that are a workflow's tasks."""
     if not held:
         return 0
     count = driver(conn).hand_back(conn, held, now)
-    # A cancel requested meanwhile ended it CANCELLED here, where no join saw it: a workflow
-    # task's followers (and its on-failure task) are joined now, not at the repair sweep.
-    _join_ended_badly(conn, [i for i, _f in held], now)
+    if flows:
+        # A cancel requested meanwhile ended it CANCELLED here, where no join saw it: its
+        # followers (and its on-failure task) are joined now, not at the repair sweep. Only
+        # when workflow tasks went back: a plain hand-back stays one statement.
+        _join_ended_badly(conn, flows, now)
     return count
 
 

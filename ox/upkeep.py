@@ -71,7 +71,8 @@ def hand_back(w: "Worker") -> None:
     if not taken:
         return
     queues = {w.held[key].claimed.queue for key in taken if key in w.held}
-    count = sql.hand_back(w.conn, taken, clock.db_now(w.conn))
+    flows = [key[0] for key in taken if key in w.held and w.held[key].claimed.workflow_id is not None]
+    count = sql.hand_back(w.conn, taken, clock.db_now(w.conn), flows)
     w.to_hand_back = []
     if count and (w.stopping or w.stuck) and driver(w.conn).notifies:
         # Back to READY, but no enqueue tells the idle workers, which may sleep a whole poll

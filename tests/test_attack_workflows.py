@@ -164,7 +164,7 @@ def test_a_cancelled_hand_back_joins_at_once():
     claimed = {"status": Status.RUNNING, "attempts": 1, "fence": F("fence") + 1}
     Task.objects.filter(pk__in=ids).update(cancel_requested=True, **claimed)
     held = list(Task.objects.filter(pk__in=ids).values_list("pk", "fence"))
-    assert sql.hand_back(connection, held, timezone.now()) == 2
+    assert sql.hand_back(connection, held, timezone.now(), [pk for pk, _f in held]) == 2
     assert [status(r) for r in run.results] == [Status.CANCELLED, Status.CANCELLED]
     handlers = Task.objects.filter(task_path=at.handler.module_path)
     assert sorted(str(w) for w in handlers.values_list("workflow_id", flat=True)) == sorted([str(run.id), str(last.id)])
