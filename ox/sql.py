@@ -17,7 +17,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox.db import driver
 from ox.db.base import HELD_FINISHED, LOCK_NAMESPACE, LOST_TRACEBACK, RESCUER_KEY, UNIQUE_HELD, Held
-from ox.db.rows import CLAIM_COLUMNS, Claimed, Completion, Failure, NewTask, WorkerRow, read_id
+from ox.db.rows import CLAIM_COLUMNS, Claimed, Completion, Failure, NewTask, WorkerRow
 from ox.db.walks import Gate
 
 __all__ = [
@@ -155,7 +155,7 @@ def hand_back(conn: BaseDatabaseWrapper, held: Sequence[Held], now: datetime, fl
         # A cancel requested meanwhile ended it CANCELLED here, where no join saw it: its
         # followers (and its on-failure task) are joined now, not at the repair sweep. Only
         # when workflow tasks went back: a plain hand-back stays one statement.
-        _join_ended_badly(conn, flows, now)
+        _workflow_join().ended_badly_where(conn, flows, now)
     return count
 
 
@@ -220,29 +220,8 @@ def rescue_and_mark(
     # on-failure task. Joined now, in a transaction of its own (joining again is harmless).
     ended = [i for i, _w, status in rescued if status in ("FAILED", "CANCELLED")]
     if ended:
-        _join_ended_badly(conn, ended, now)
+        _workflow_join().ended_badly_where(conn, ended, now)
     return rescued, marked
-
-
-def _join_ended_badly(conn: BaseDatabaseWrapper, ids: Sequence[uuid.UUID], now: datetime) -> None:
-    """The workflow policy (and on-failure task) for those of these tasks that are a
-    workflow's and FAILED or CANCELLED. ox.workflow.join.ended_badly is idempotent (its
-    edges are closed once, the on-failure task enqueued once), so a task joined before is
-    left as it is."""
-    from ox.workflow import join
-
-    d = driver(conn)
-    marks = ", ".join(["%s"] * len(ids))
-    with conn.cursor() as cursor:
-        cursor.execute(
-            f"SELECT id, status FROM ox_task WHERE id IN ({marks}) AND workflow_id IS NOT NULL"
-            " AND status IN ('FAILED', 'CANCELLED') ORDER BY id",
-            [d.id(i) for i in ids],
-        )
-        found = [(read_id(r[0]), r[1]) for r in cursor.fetchall()]
-    for task_id, status in found:
-        with transaction(conn) as cursor:
-            join.ended_badly(conn, cursor, task_id, status, now)
 
 
 def hold_worker_lock(conn: BaseDatabaseWrapper, lock_key: int) -> None:
@@ -268,3 +247,9 @@ def register_worker(conn: BaseDatabaseWrapper, row: WorkerRow) -> None:
 
 def worker_stopped(conn: BaseDatabaseWrapper, worker_id: str, now: datetime) -> None:
     driver(conn).worker_stopped(conn, worker_id, now)
+
+
+def _workflow_join() -> Any:
+    from ox.workflow import join  # workflows build on this module: imported when used
+
+    return join

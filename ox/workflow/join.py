@@ -229,3 +229,22 @@ def inputs(conn: BaseDatabaseWrapper, ids: Sequence[uuid.UUID]) -> dict[uuid.UUI
         for child, gather, result in cursor.fetchall():
             out.setdefault(read_id(child), []).append((bool(gather), result))
     return out
+
+
+def ended_badly_where(conn: BaseDatabaseWrapper, ids: Sequence[uuid.UUID], now: datetime) -> None:
+    """ended_badly() for those of these tasks that are a workflow's and FAILED or CANCELLED
+    (the rescuer's give-ups, a hand-back that found a cancel), each in a transaction of its
+    own. ended_badly is idempotent (edges are closed once, the on-failure task enqueued
+    once): a task joined before is left as it is."""
+    d = driver(conn)
+    marks = ", ".join(["%s"] * len(ids))
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id, status FROM ox_task WHERE id IN ({marks}) AND workflow_id IS NOT NULL"
+            " AND status IN ('FAILED', 'CANCELLED') ORDER BY id",
+            [d.id(i) for i in ids],
+        )
+        found = [(read_id(r[0]), r[1]) for r in cursor.fetchall()]
+    for task_id, status in found:
+        with d.transaction(conn) as cursor:
+            ended_badly(conn, cursor, task_id, status, now)
