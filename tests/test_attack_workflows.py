@@ -15,25 +15,10 @@ from tests import workflow_attack_tasks as at
 from tests.helpers import wait_until
 from tests.test_dashboard_support import operator_fixture  # noqa: F401
 from tests.test_durability import options
+from tests.test_workflows import settled, status, value
 from tests.testapp.models import Ledger
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def status(result) -> str:
-    return Task.objects.get(pk=result.id).status
-
-
-def value(result):
-    return at.add.get_backend().get_result(result.id).return_value
-
-
-def settled(run, timeout: float = 30) -> None:
-    ids = [r.id for r in run.results]
-    wait_until(
-        lambda: not Task.objects.filter(pk__in=ids, status__in=[Status.PENDING, Status.READY, Status.RUNNING]).exists(),
-        timeout,
-    )
 
 
 def test_a_last_task_the_rescuer_gives_up_on_still_enqueues_on_failure(start_worker):
