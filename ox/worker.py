@@ -387,7 +387,8 @@ class Worker:
             self.gave_back, self.more_waiting = False, True
         if self.flow.freed(finished.claimed.queue):
             self.more_waiting = True  # the limit that held its queue back has room now
-        self.idle.slot_freed()
+        if not self.flow.rate_held(time.time()):
+            self.idle.slot_freed()
         self.completer.add(finished)
         if len(self.completer.successes) >= self.options.completion_batch:
             self._guard(lambda: self.completer.flush(self.conn))

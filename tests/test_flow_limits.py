@@ -109,7 +109,7 @@ def test_a_killed_workers_slot_is_freed_by_the_rescue(start_worker):
 
 def test_rate_limit_spreads_starts_and_the_worker_sleeps_until_the_next_token(start_worker):
     """50/s for 20 s across two workers: 950-1050 starts, no second far above the rate, and
-    the workers claim about once per start (they sleep to the next token, they do not poll)."""
+    the workers claim about once per start each (they sleep to the next token, they do not poll)."""
     enqueue_many(f.rated, [((f"s{i}",), {}) for i in range(1500)])
     env = limits(reports={"rate": "50/s"})
     workers = [start_worker("--concurrency", "4", "--queues", "reports", env=env) for _ in range(2)]
@@ -133,7 +133,10 @@ def test_rate_limit_spreads_starts_and_the_worker_sleeps_until_the_next_token(st
     # with two CPU-bound processes beside it on two cores it now gives ~980.)
     assert max(per_second) <= 60 and min(per_second) >= (30 if connection.vendor == "mysql" else 40), per_second
     claims = sum(int(m) for w in workers for m in re.findall(r"worker stopped .*?claims=(\d+)", w.output()))
-    assert claims <= 3 * len(starts) + 100, (claims, len(starts))
+    # Each token wakes both workers (one gets the start): about two claims per start. A
+    # finished task is no reason to claim while the queue's rate holds it back (it was a
+    # third claim per start: 3,204 for 1,032 starts in CI on MariaDB).
+    assert claims <= 2.5 * len(starts) + 100, (claims, len(starts))
 
 
 def test_a_rate_wake_that_came_due_while_deciding_is_now_not_a_poll_interval_away():

@@ -150,6 +150,12 @@ class FlowWatch:
         here, a NOTIFY; another worker's slot frees without telling this one)."""
         return [q for q in self.gated if self.hold_until.get(q, epoch_now) <= epoch_now]
 
+    def rate_held(self, epoch_now: float) -> bool:
+        """Every queue of the worker held back by its own rate until later: a slot freed here
+        starts nothing sooner (the worker already sleeps until the next token, and an enqueue
+        meanwhile could not start before it either), so it is no reason to claim."""
+        return bool(self.queues) and all(self.hold_until.get(q, 0.0) > epoch_now for q in self.queues)
+
     def freed(self, queue: str) -> bool:
         """A task of `queue` finished here: a slot of it is free. True: claim again now."""
         if self.blocked.get(queue) not in (None, RATE, KEY_RATE):
