@@ -129,6 +129,9 @@ class Completer:
         attempt(batch)
         self.written(written)
         for finished, exc in poison:
+            if finished.metadata_json is not None:
+                # It rode on the refused statement: written on its own, before the failure.
+                sql.save_metadata(conn, finished.claimed, finished.metadata_json, finished.started_at)
             self.failures.append(_refused(finished, exc))
         self.flush_failures(conn)
 
@@ -205,7 +208,13 @@ class Completer:
 def _completions(part: list[Finished]) -> list[sql.Completion]:
     return [
         sql.Completion(
-            f.claimed.id, f.claimed.fence, f.return_json, f.started_at, f.finished_at, f.claimed.workflow_id is not None
+            f.claimed.id,
+            f.claimed.fence,
+            f.return_json,
+            f.started_at,
+            f.finished_at,
+            f.claimed.workflow_id is not None,
+            f.metadata_json,
         )
         for f in part
     ]

@@ -23,7 +23,7 @@ from ox.backoff import retry_delay
 from ox.conf import OxOptions
 from ox.exceptions import TaskCancelled, TaskInterrupt, TaskTimeout, TaskUnrunnable, class_path
 from ox.interrupt import Interrupter
-from ox.metadata import OxTaskContext, OxTaskResult, at_end, context_for
+from ox.metadata import OxTaskContext, OxTaskResult, at_end, context_for, end_text
 from ox.models import Outcome
 from ox.results import resolve_task, with_row_settings
 from ox.sql import Claimed
@@ -67,6 +67,7 @@ class Finished:
     retryable: bool = True
     retry_in: float | None = None  # seconds until the next attempt; None: this one is final
     note: str = ""  # what ox adds to the traceback (a misbehaving backoff, say)
+    metadata_json: str | None = None  # a success's last metadata, written with its completion
 
     @property
     def key(self) -> tuple[Any, int]:
@@ -239,6 +240,18 @@ def start_span(prep: Prepared) -> None:
         logger.exception("ox: could not start the span of task %s", c.id)
 
 
+def settle_metadata(prep: Prepared, finished: Finished) -> None:
+    """The attempt's metadata at its end: a success carries it to its completion (one
+    statement writes both, no write of its own: bench cell progress_metadata); any other
+    outcome writes it now, before the outcome is recorded (ox.metadata.at_end)."""
+    if prep.context is None:
+        return
+    if finished.kind == SUCCESSFUL:
+        finished.metadata_json = end_text(prep.context)
+    else:
+        at_end(prep.context)
+
+
 def end_span(prep: Prepared, finished: Finished | None) -> None:
     span, prep.span = prep.span, None
     if span is None:
@@ -369,6 +382,6 @@ def run_sync(prep: Prepared, interrupter: Interrupter, sender: type, options: Ox
         steps.leave(scope)
         interrupter.leave(prep.key)
     end_span(prep, finished)
-    at_end(prep.context)
+    settle_metadata(prep, finished)
     _after_task()
     return finished

@@ -10,6 +10,7 @@ from ox import steps
 from ox.conf import OxOptions
 from ox.exceptions import TaskInterrupt, TaskTimeout
 from ox.execution import (
+    SUCCESSFUL,
     Finished,
     Prepared,
     call_args,
@@ -22,7 +23,7 @@ from ox.execution import (
     start_span,
     started,
 )
-from ox.metadata import at_end, in_pool_thread
+from ox.metadata import at_end, end_text, in_pool_thread
 from ox.models import Outcome
 
 
@@ -66,7 +67,11 @@ class AsyncRunner:
         finished = await self._run(prep, sender, options)
         end_span(prep, finished)
         if prep.context is not None:
-            await in_pool_thread(prep.using, at_end, prep.context)
+            if finished.kind == SUCCESSFUL:
+                # Carried to the completion's statement: no write, no trip to a thread.
+                finished.metadata_json = end_text(prep.context)
+            else:
+                await in_pool_thread(prep.using, at_end, prep.context)
         return finished
 
     async def _run(self, prep: Prepared, sender: type, options: OxOptions) -> Finished:

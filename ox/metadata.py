@@ -234,6 +234,27 @@ def at_end(context: OxTaskContext | None) -> None:
         logger.exception("ox: task %s: its metadata could not be saved at its end", saved.claim)
 
 
+def end_text(context: OxTaskContext) -> str | None:
+    """A successful attempt is over: the JSON text its completion writes with it (None:
+    nothing new since the last write, or the attempt lost the task). The save waiting for the
+    heartbeat is dropped: the completion carries what the task holds now. Metadata the task
+    cannot store (changed after its last save, say to NaN) keeps its last good save, as
+    at_end does."""
+    saved = context.saved
+    with _waiting_lock:
+        _waiting.pop((saved.claim, saved.fence), None)
+    try:
+        text: str | None = metadata_text(context.metadata, "context.metadata")
+    except Exception as exc:  # noqa: BLE001  (InvalidMetadata; a dict another thread changes meanwhile)
+        text = saved.pending
+        logger.warning("ox: task %s: its metadata was not saved at its end: %r", saved.claim, exc)
+    with saved.lock:
+        saved.pending = None
+        if saved.lost or text is None or text == saved.written:
+            return None
+        return text
+
+
 def flush_waiting(conn: BaseDatabaseWrapper) -> int:
     """The heartbeat's part: write every save still waiting, on the worker's connection.
     Returns how many were written."""

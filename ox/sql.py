@@ -133,6 +133,11 @@ def fail(conn: BaseDatabaseWrapper, failure: Failure) -> str | None:
     return written
 
 
+def save_metadata(conn: BaseDatabaseWrapper, claimed: Claimed, text: str, started: datetime | None) -> bool:
+    """A task's metadata (JSON text), while this attempt holds it; False: it no longer does."""
+    return driver(conn).save_metadata(conn, claimed.id, claimed.fence, text, started)
+
+
 def renew(
     conn: BaseDatabaseWrapper,
     held: Sequence[tuple[uuid.UUID, int, datetime | None]],

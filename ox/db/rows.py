@@ -72,6 +72,9 @@ class Completion:
     started_at: datetime
     finished_at: datetime
     workflow: bool = False  # a workflow's task: its followers are counted down with it
+    # The attempt's metadata as it ended (JSON text), written by the same statement; None:
+    # nothing new to write (ox.metadata.end_text).
+    metadata_json: str | None = None
 
 
 @dataclass(slots=True)

@@ -22,7 +22,8 @@ _COMPLETE = (
     "UPDATE ox_task SET status = 'SUCCESSFUL', return_value = json_extract(v.value, '$[2]'),"
     " finished_at = json_extract(v.value, '$[4]'), lease_expires_at = NULL,"
     " started_at = COALESCE(ox_task.started_at, json_extract(v.value, '$[3]')),"
-    " last_attempted_at = json_extract(v.value, '$[3]')"
+    " last_attempted_at = json_extract(v.value, '$[3]'),"
+    " metadata = COALESCE(json_extract(v.value, '$[5]'), ox_task.metadata)"
     " FROM json_each(%s) AS v"
     " WHERE ox_task.id = json_extract(v.value, '$[0]') AND ox_task.fence = json_extract(v.value, '$[1]')"
     " AND ox_task.status = 'RUNNING' RETURNING ox_task.id, ox_task.fence"
@@ -149,8 +150,11 @@ class SqliteDriver(Driver):
 
     # ------------------------------------------------------------------ completion and leases
     def complete(self, conn: BaseDatabaseWrapper, done: Sequence[Completion]) -> set[Held]:
+        # The metadata as a JSON string (its text), null for none: json_extract gives the text back.
         payload = [
-            [d.id.hex, d.fence, d.return_json, self.ts(conn, d.started_at), self.ts(conn, d.finished_at)] for d in done
+            [d.id.hex, d.fence, d.return_json, self.ts(conn, d.started_at), self.ts(conn, d.finished_at)]
+            + [d.metadata_json]
+            for d in done
         ]
         with conn.cursor() as cursor:
             cursor.execute(_COMPLETE, [json.dumps(payload)])

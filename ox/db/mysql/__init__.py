@@ -28,7 +28,10 @@ from ox.exceptions import WorkerLost, class_path
 
 _DONE = (
     "JSON_TABLE(%s, '$[*]' COLUMNS (id CHAR(36) PATH '$[0]', fence BIGINT PATH '$[1]', rv LONGTEXT PATH '$[2]',"
-    " st DATETIME(6) PATH '$[3]', at DATETIME(6) PATH '$[4]')) AS v"
+    " st DATETIME(6) PATH '$[3]', at DATETIME(6) PATH '$[4]',"
+    # The collation of MariaDB's JSON columns (the database's own, utf8mb4_nopad_bin, would
+    # not mix with the metadata column's in COALESCE).
+    " md LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[5]')) AS v"
 )
 _HELD = (
     "JSON_TABLE(%s, '$[*]' COLUMNS (id CHAR(36) PATH '$[0]', fence BIGINT PATH '$[1]',"
@@ -136,7 +139,14 @@ class MysqlDriver(MysqlClaims):
             return set()
         payload = json.dumps(
             [
-                [d.id.hex, d.fence, d.return_json, self.ts(conn, d.started_at), self.ts(conn, d.finished_at)]
+                [
+                    d.id.hex,
+                    d.fence,
+                    d.return_json,
+                    self.ts(conn, d.started_at),
+                    self.ts(conn, d.finished_at),
+                    d.metadata_json,  # its text as a JSON string; null for none
+                ]
                 for d in done
             ]
         )
@@ -147,7 +157,8 @@ class MysqlDriver(MysqlClaims):
             cursor.execute(
                 f"UPDATE {_DONE} STRAIGHT_JOIN ox_task t ON t.id = v.id AND t.fence = v.fence"
                 " SET t.status = 'SUCCESSFUL', t.return_value = v.rv, t.finished_at = v.at, t.lease_expires_at = NULL,"
-                " t.started_at = COALESCE(t.started_at, v.st), t.last_attempted_at = v.st WHERE t.status = 'RUNNING'",
+                " t.started_at = COALESCE(t.started_at, v.st), t.last_attempted_at = v.st,"
+                " t.metadata = COALESCE(v.md, t.metadata) WHERE t.status = 'RUNNING'",
                 [payload],
             )
         return written

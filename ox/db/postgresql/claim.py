@@ -84,19 +84,26 @@ def claim_parts(
     return ClaimSql(ctes, pick_params, update, [worker_id, lease_expires_at])
 
 
+def _metadata_member(d: Completion) -> str:
+    # A completion with no metadata to write leaves the key out: md is NULL, the row's stays.
+    return "" if d.metadata_json is None else f',"md":{d.metadata_json}'
+
+
 def complete_sql(done: Sequence[Completion]) -> tuple[str, list[object]]:
     # One JSON document rather than arrays: building it is a string join, where adapting
     # arrays element by element costs the worker more CPU than the task.
     sql = (
         "UPDATE ox_task AS t SET status = 'SUCCESSFUL', return_value = v.rv,"
         " finished_at = v.at, lease_expires_at = NULL,"
-        " started_at = COALESCE(t.started_at, v.st), last_attempted_at = v.st"
-        " FROM jsonb_to_recordset(%s::jsonb) AS v(id uuid, fence bigint, rv jsonb, st timestamptz, at timestamptz)"
+        " started_at = COALESCE(t.started_at, v.st), last_attempted_at = v.st,"
+        " metadata = COALESCE(v.md, t.metadata)"
+        " FROM jsonb_to_recordset(%s::jsonb)"
+        " AS v(id uuid, fence bigint, rv jsonb, st timestamptz, at timestamptz, md jsonb)"
         " WHERE t.id = v.id AND t.fence = v.fence AND t.status = 'RUNNING' RETURNING t.id, t.fence"
     )
     rows = ",".join(
         f'{{"id":"{d.id}","fence":{d.fence},"rv":{d.return_json},'
-        f'"st":"{d.started_at.isoformat()}","at":"{d.finished_at.isoformat()}"}}'
+        f'"st":"{d.started_at.isoformat()}","at":"{d.finished_at.isoformat()}"{_metadata_member(d)}}}'
         for d in done
     )
     return sql, [f"[{rows}]"]
