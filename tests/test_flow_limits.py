@@ -131,7 +131,9 @@ def test_rate_limit_spreads_starts_and_the_worker_sleeps_until_the_next_token(st
     # near the rate. (CI once saw 775 starts, with seconds of 2: a worker whose next token
     # came due while it was still deciding how long to sleep slept a whole poll interval;
     # with two CPU-bound processes beside it on two cores it now gives ~980.)
-    assert max(per_second) <= 60 and min(per_second) >= (30 if connection.vendor == "mysql" else 40), per_second
+    # The floor catches a stalled second (a poll interval slept: a second of 0-2 starts), not
+    # a slow one: on a loaded two-core CI machine one second of SQLite's once had 39.
+    assert max(per_second) <= 60 and min(per_second) >= 30, per_second
     claims = sum(int(m) for w in workers for m in re.findall(r"worker stopped .*?claims=(\d+)", w.output()))
     # Each token wakes both workers (one gets the start): about two claims per start. A
     # finished task is no reason to claim while the queue's rate holds it back (it was a

@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
+import ox
 from ox import clock, sql
 from ox.models import Attempt, Status, Task
 from tests import tasks
@@ -25,6 +26,11 @@ COST = {
     "fail": {"postgresql": 4, "sqlite": 4, "mysql": 5},
     "rescue_idle": {"postgresql": 4, "sqlite": 4, "mysql": 4},
     "earliest_ready": {"postgresql": 1, "sqlite": 1, "mysql": 1},
+    # A chain's step: the completion and the join (its follower made READY) in one
+    # transaction; on PostgreSQL the join is one statement (ox.db.postgresql.join).
+    # (PostgreSQL: BEGIN, the completion, the join, COMMIT; the join alone was four.)
+    "complete_workflow": {"postgresql": 4, "sqlite": 6, "mysql": 8},
+    "complete_and_claim_workflow": {"postgresql": 4, "sqlite": 9, "mysql": 12},
 }
 
 
@@ -35,7 +41,7 @@ def _claim(n: int = 1) -> list[sql.Claimed]:
 
 def _done(c: sql.Claimed) -> sql.Completion:
     now = clock.db_now(connection)
-    return sql.Completion(c.id, c.fence, "7", now, now)
+    return sql.Completion(c.id, c.fence, "7", now, now, c.workflow_id is not None)
 
 
 def run(op: str) -> object:
@@ -45,9 +51,9 @@ def run(op: str) -> object:
         return tasks.echo.enqueue(1)
     if op == "claim":
         return _claim()
-    if op == "complete":
+    if op in ("complete", "complete_workflow"):
         return sql.complete(connection, [_done(PRE["claimed"])])
-    if op == "complete_and_claim":
+    if op in ("complete_and_claim", "complete_and_claim_workflow"):
         return sql.complete_and_claim(connection, [_done(PRE["claimed"])], "rt-worker", ["default"], (1, 0), now, lease)
     if op == "renew":
         c = PRE["claimed"]
@@ -67,26 +73,35 @@ def run(op: str) -> object:
 
 
 PRE: dict[str, sql.Claimed] = {}
+WORKFLOW_OPS = ("complete_workflow", "complete_and_claim_workflow")
 
 
 @pytest.mark.parametrize("op", sorted(COST))
 def test_statements_per_operation(op, django_assert_num_queries):
-    tasks.echo.enqueue(0)
-    tasks.echo.enqueue(1)
+    if op.endswith("_workflow"):
+        ox.chain(tasks.echo.s(0), tasks.echo.s()).enqueue()
+        tasks.echo.enqueue(1)
+    else:
+        tasks.echo.enqueue(0)
+        tasks.echo.enqueue(1)
     clock.db_now(connection)  # the clock's reading is not part of any operation's cost
-    if op in ("complete", "complete_and_claim", "renew", "hand_back", "fail"):
+    if op in ("complete", "complete_and_claim", "renew", "hand_back", "fail", *WORKFLOW_OPS):
         (PRE["claimed"],) = _claim()
+        assert (PRE["claimed"].workflow_id is not None) == op.endswith("_workflow")
     with django_assert_num_queries(COST[op][connection.vendor]):
         out = run(op)
     # Each did what it is for, so the count is of work done, not of an early return.
     if op == "claim":
         assert len(out) == 1
-    elif op == "complete":
+    elif op in ("complete", "complete_workflow"):
         assert out == {PRE["claimed"].key}
         assert Task.objects.get(pk=PRE["claimed"].id).status == Status.SUCCESSFUL
-    elif op == "complete_and_claim":
+    elif op in ("complete_and_claim", "complete_and_claim_workflow"):
         written, claimed = out
         assert written == {PRE["claimed"].key} and len(claimed) == 1
+    if op.endswith("_workflow"):  # the follower was made READY by the join
+        follower = Task.objects.get(workflow_id=PRE["claimed"].workflow_id, status__in=[Status.READY, Status.RUNNING])
+        assert follower.waiting == 0
     elif op == "renew":
         assert out == {PRE["claimed"].key: False}
     elif op == "hand_back":

@@ -30,6 +30,10 @@ FINISHED = ("SUCCESSFUL", "FAILED", "CANCELLED")
 def succeeded(conn: BaseDatabaseWrapper, cursor: Any, done: Sequence[tuple[uuid.UUID, str]], now: datetime) -> int:
     """Tasks that just succeeded ((id, return JSON)): count their followers down. Returns how
     many followers became READY."""
+    d = driver(conn)
+    join_in_one = getattr(d, "join_succeeded", None)
+    if join_in_one is not None:  # PostgreSQL: one statement (ox.db.postgresql.join)
+        return join_in_one(cursor, dict(done), now, CHANNEL)
     children = _take_edges(conn, cursor, dict(done))
     if not children:
         return 0

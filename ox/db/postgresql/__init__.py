@@ -14,7 +14,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox.db.base import INSERT_COLUMNS, LOCK_NAMESPACE, LOST_TRACEBACK, RESCUER_KEY, SET_RUNNING, Driver, Held
 from ox.db.dialect import CHANNEL
-from ox.db.postgresql import health, session
+from ox.db.postgresql import health, join, session
 from ox.db.postgresql.claim import candidates_sql, claim_parts, complete_sql
 from ox.db.rows import CLAIM_COLUMNS, Claimed, Completion, NewTask, read_claimed, read_id
 from ox.db.walks import Gate
@@ -93,6 +93,12 @@ class PostgresDriver(Driver):
 
     def notify(self, cursor: Any, channel: str, payload: str) -> None:
         cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+
+    def join_succeeded(self, cursor: Any, results: dict[uuid.UUID, str], now: datetime, channel: str) -> int:
+        """ox.workflow.join.succeeded in one statement (ox.db.postgresql.join); returns how
+        many followers became READY."""
+        cursor.execute(join.SUCCEEDED, join.succeeded_params(results, now, channel))
+        return sum(int(r[1]) for r in cursor.fetchall())
 
     def notify_idle(self, cursor: Any, channel: str, payload: str) -> None:
         # One statement: the NOTIFY only if a running worker is marked idle (ox_worker_idle).
