@@ -20,7 +20,7 @@ from psycopg import sql
 
 from bench import envinfo, procs, report
 from bench.agent import RESULT_MARK
-from bench.arms import ARM_NAMES, ARMS
+from bench.arms import ARM_NAMES, ARMS, python_for
 from bench.plan import Cell, Metric, build
 
 BENCH = Path(__file__).resolve().parent
@@ -116,7 +116,7 @@ class Harness:
         payload = json.dumps({"arm": arm, "job": job, "params": {**params, "log_dir": str(log_dir)}})
         with open(log_dir / "agent.log", "ab") as err:
             agent = subprocess.Popen(  # noqa: S603
-                [sys.executable, "-m", "bench.agent", payload],
+                [python_for(arm, sys.executable), "-m", "bench.agent", payload],
                 cwd=REPO,
                 env=env,
                 stdout=subprocess.PIPE,
@@ -293,7 +293,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mariadb-url", default=os.environ.get("BENCH_MARIADB_URL", "mysql://root@127.0.0.1:3306"))
     parser.add_argument("--out", default="", help="results file (default: bench/results/<utc time>-<mode>.json)")
     parser.add_argument("--report", metavar="FILE", help="print the table of an existing results file and exit")
+    parser.add_argument("--ci", action="store_true", help="CI's subset, compared with bench/baselines/ci.json")
+    parser.add_argument("--write-baseline", action="store_true", help="with --ci: write the baseline from this run")
+    parser.add_argument("--baseline", default="", help="with --ci: the baseline file (default bench/baselines/ci.json)")
     args = parser.parse_args(argv)
+    if args.write_baseline and not args.ci:
+        parser.error("--write-baseline goes with --ci")
+    if args.ci:
+        from bench import ci  # it builds on this module's Harness
+
+        raise SystemExit(ci.main(args))
     if args.report:
         doc = json.loads(Path(args.report).read_text())
         print(report.table(doc))

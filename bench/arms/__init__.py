@@ -3,6 +3,7 @@ started, and how to read progress from its own table. Arms import Django models,
 are loaded only inside an agent process that has the arm's settings (bench.agent)."""
 
 from importlib import import_module
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -19,11 +20,29 @@ ARMS: dict[str, tuple[str, str, str]] = {
     # Its Django contrib app in the agent and the workers (bench.procrastinate_worker), but not a
     # Django Tasks backend: enqueues are procrastinate's task.defer().
     "procrastinate": ("bench.settings_procrastinate", "bench.arms.procrastinate", "oxbench_procrastinate"),
+    # The Python port of Oban: its own asyncio workers (bench.oban_worker), no Django in them.
+    "oban": ("bench.settings_oban", "bench.arms.oban", "oxbench_oban"),
+    # A Django Tasks backend, but joined cell by cell like the other peers (bench.plan_peers).
+    "dj-queue": ("bench.settings_djqueue", "bench.arms.djqueue", "oxbench_djqueue"),
+    # Celery on Redis: the database holds only the ledger; its agent and workers run in
+    # bench/.venv-celery (Celery pins python-dateutil 2.9.0.post0, pgqueuer's croniter wants 4.0.0).
+    "celery": ("bench.settings_celery", "bench.arms.celery", "oxbench_celery"),
 }
 ARM_NAMES = tuple(ARMS)
 # The Django Tasks backends: every cell runs them unless it says otherwise. Other arms join a
 # cell explicitly (bench.plan_pgqueuer, bench.plan_procrastinate), and say why for the cells they do not run.
 DJANGO_ARMS = ("ox", "django-tasks-db", "django-ox")
+# Arms whose dependencies clash with the shared bench/.venv: their agent (and so the workers it
+# starts, on sys.executable) runs on bench/<venv>/bin/python, built by bench/run from
+# bench/requirements-<arm>.txt.
+VENVS: dict[str, str] = {"celery": ".venv-celery"}
+
+
+def python_for(name: str, default: str) -> str:
+    """The interpreter an arm's agent runs on: its own venv's, or `default` (the harness's)."""
+    if name not in VENVS:
+        return default
+    return str(Path(__file__).resolve().parent.parent / VENVS[name] / "bin" / "python")
 
 
 def load(name: str) -> "Arm":
