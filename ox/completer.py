@@ -129,10 +129,14 @@ class Completer:
         attempt(batch)
         self.written(written)
         for finished, exc in poison:
+            # Queued first: whatever the metadata write below meets, the failure is kept.
+            self.failures.append(_refused(finished, exc))
             if finished.metadata_json is not None:
                 # It rode on the refused statement: written on its own, before the failure.
-                sql.save_metadata(conn, finished.claimed, finished.metadata_json, finished.started_at)
-            self.failures.append(_refused(finished, exc))
+                try:
+                    sql.save_metadata(conn, finished.claimed, finished.metadata_json, finished.started_at)
+                except Exception:  # noqa: BLE001  (the failure stands; a lost connection shows below)
+                    logger.exception("ox: task %s: its metadata could not be saved at its end", finished.claimed.id)
         self.flush_failures(conn)
 
     def _write_failure(self, conn: Any, finished: Finished) -> None:

@@ -247,7 +247,8 @@ def settle_metadata(prep: Prepared, finished: Finished) -> None:
     if prep.context is None:
         return
     if finished.kind == SUCCESSFUL:
-        finished.metadata_json = end_text(prep.context)
+        text = end_text(prep.context)  # a task thread: it may wait for the heartbeat's write
+        finished.metadata_json = text if isinstance(text, str) else None
     else:
         at_end(prep.context)
 

@@ -23,7 +23,7 @@ from ox.execution import (
     start_span,
     started,
 )
-from ox.metadata import at_end, end_text, in_pool_thread
+from ox.metadata import Busy, at_end, end_text, in_pool_thread
 from ox.models import Outcome
 
 
@@ -68,8 +68,12 @@ class AsyncRunner:
         end_span(prep, finished)
         if prep.context is not None:
             if finished.kind == SUCCESSFUL:
-                # Carried to the completion's statement: no write, no trip to a thread.
-                finished.metadata_json = end_text(prep.context)
+                # Carried to the completion's statement: no write, and no trip to a thread
+                # unless the heartbeat is writing this attempt's metadata right now.
+                text = end_text(prep.context, wait=False)
+                if isinstance(text, Busy):
+                    text = await in_pool_thread(prep.using, end_text, prep.context)
+                finished.metadata_json = text if isinstance(text, str) else None
             else:
                 await in_pool_thread(prep.using, at_end, prep.context)
         return finished

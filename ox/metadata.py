@@ -234,25 +234,38 @@ def at_end(context: OxTaskContext | None) -> None:
         logger.exception("ox: task %s: its metadata could not be saved at its end", saved.claim)
 
 
-def end_text(context: OxTaskContext) -> str | None:
+class Busy:
+    """end_text(wait=False) found the heartbeat writing this attempt's metadata."""
+
+
+BUSY = Busy()
+
+
+def end_text(context: OxTaskContext, wait: bool = True) -> str | None | Busy:
     """A successful attempt is over: the JSON text its completion writes with it (None:
     nothing new since the last write, or the attempt lost the task). The save waiting for the
     heartbeat is dropped: the completion carries what the task holds now. Metadata the task
     cannot store (changed after its last save, say to NaN) keeps its last good save, as
-    at_end does."""
+    at_end does. wait=False (an event loop, which must not wait out the heartbeat's write, a
+    round trip or a row lock): BUSY if the heartbeat holds the attempt's lock; ask again from
+    a thread."""
     saved = context.saved
-    with _waiting_lock:
-        _waiting.pop((saved.claim, saved.fence), None)
+    if not saved.lock.acquire(blocking=wait):
+        return BUSY
     try:
-        text: str | None = metadata_text(context.metadata, "context.metadata")
-    except Exception as exc:  # noqa: BLE001  (InvalidMetadata; a dict another thread changes meanwhile)
-        text = saved.pending
-        logger.warning("ox: task %s: its metadata was not saved at its end: %r", saved.claim, exc)
-    with saved.lock:
+        with _waiting_lock:
+            _waiting.pop((saved.claim, saved.fence), None)
+        try:
+            text: str | None = metadata_text(context.metadata, "context.metadata")
+        except Exception as exc:  # noqa: BLE001  (InvalidMetadata; a dict another thread changes meanwhile)
+            text = saved.pending
+            logger.warning("ox: task %s: its metadata was not saved at its end: %r", saved.claim, exc)
         saved.pending = None
         if saved.lost or text is None or text == saved.written:
             return None
         return text
+    finally:
+        saved.lock.release()
 
 
 def flush_waiting(conn: BaseDatabaseWrapper) -> int:

@@ -129,6 +129,13 @@ def claim_limited(
         return (sql.complete(conn, done) if done else set()), Gated()
     fast = driver(conn).gate_in_round_trips(conn)
     if fast is not None:
+        if any(c.workflow for c in done):
+            # A workflow task's end joins in the transaction that records it (sql.complete);
+            # the round trips below write completions without the join. Written first, on
+            # their own: their slots count as free all the same.
+            written = sql.complete(conn, done)
+            _none, gated = _claim_fast(fast, conn, worker_id, limits, names, demand, now, lease_expires_at, ())
+            return written, gated
         return _claim_fast(fast, conn, worker_id, limits, names, demand, now, lease_expires_at, done)
     # The count after the lock must see what the last holder committed, whatever the
     # database's default isolation (a REPEATABLE READ snapshot predates the lock).
