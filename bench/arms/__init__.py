@@ -27,6 +27,9 @@ ARMS: dict[str, tuple[str, str, str]] = {
     # Celery on Redis: the database holds only the ledger; its agent and workers run in
     # bench/.venv-celery (Celery pins python-dateutil 2.9.0.post0, pgqueuer's croniter wants 4.0.0).
     "celery": ("bench.settings_celery", "bench.arms.celery", "oxbench_celery"),
+    # Not a system under test: the bound (bare psycopg SQL, no framework; bench.limit_sql), so
+    # every figure also reads as a fraction of it. Last, so its column and ratio come last.
+    "limit": ("bench.settings_limit", "bench.arms.limit", "oxbench_limit"),
 }
 ARM_NAMES = tuple(ARMS)
 # The Django Tasks backends: every cell runs them unless it says otherwise. Other arms join a

@@ -1,0 +1,113 @@
+"""Arm "limit": not a system under test but the bound every system's figure is read against, the
+least a durable task queue on this PostgreSQL can do (bench.limit_sql: one INSERT per enqueue
+commit; a drain that claims a batch in one UPDATE ... FOR UPDATE SKIP LOCKED and marks it done in
+one more). Its workers are `python -m bench.limit_worker` processes (psycopg, no framework); the
+enqueue cell has its own job (bench.limit_jobs); the drain cells run the shared job through this
+class's fill / counts / span.
+
+Where the counts come from (never from inside a task): every task is a row of `limit_task`, and
+stays there when done. done = rows with status 'done'; the drain's span runs from the first
+`started_at` (set by the claim) to the last `finished_at` (set by the completion), both the
+database's clock, as for pgqueuer, procrastinate and oban.
+"""
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+from django.tasks import Task
+
+from bench.arms.base import Arm, Calls
+from bench.limit_sql import BATCH, CLAIM, COMPLETE, IDLE_POLL_S, INSERT, INSERT_MANY, TABLE
+
+FINAL = ("done",)
+
+
+class LimitArm(Arm):
+    name = "limit"
+    launcher = "bench.limit_worker"
+    bulk_path = "INSERT ... SELECT FROM jsonb_array_elements(payloads): one statement"
+    status_field = "status"
+    done_status = "done"
+    terminal_statuses = FINAL
+    job_overrides = {
+        "setup": "bench.limit_jobs:setup",
+        "enqueue_seq": "bench.limit_jobs:enqueue_seq",
+    }
+
+    # ---- workers
+    def worker_argv(self, concurrency: int, ident: str, interval: float | None, queue: str = "default") -> list[str]:
+        # interval: the bare loop's idle poll is fixed (bench.limit_sql.IDLE_POLL_S); queue: one table.
+        return ["--concurrency", str(concurrency), "--ident", ident]
+
+    def running_on(self, ident: str, pid: int) -> list[int]:
+        raise NotImplementedError("the limit arm runs no kill cell: it keeps no worker on its rows")
+
+    def ready(self, pids: Sequence[int]) -> bool | None:
+        return None  # no registry row: the harness waits for the workers to go idle
+
+    # ---- enqueue
+    @staticmethod
+    def payload(task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {"task": task.func.__name__, "args": list(args), "kwargs": dict(kwargs)}
+
+    def bulk_enqueue(self, task: Task, calls: Calls) -> None:
+        payloads = [self.payload(task, a, k) for a, k in calls]
+        with connection.cursor() as cursor:
+            cursor.execute(INSERT_MANY, [json.dumps(payloads)])
+
+    def fill(self, task: Task, calls: Calls) -> None:
+        """One statement for the whole backlog, in the caller's transaction (Django's connection)."""
+        self.bulk_enqueue(task, calls)
+
+    def fill_fast(self, task: Task, total: int) -> None:
+        raise NotImplementedError("the limit arm runs no backlog cell yet (bench.plan_limit)")
+
+    # ---- reading progress
+    def tables(self) -> list[str]:
+        return [TABLE]
+
+    def counts(self) -> dict[str, int]:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT status, count(*) FROM {TABLE} GROUP BY 1")  # noqa: S608
+            return {status: n for status, n in cursor.fetchall()}
+
+    def done(self) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT count(*) FROM {TABLE} WHERE status = 'done'")  # noqa: S608
+            return cursor.fetchone()[0]
+
+    def span(self) -> tuple[datetime | None, datetime | None]:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT min(started_at), max(finished_at) FROM {TABLE} WHERE status = 'done'")  # noqa: S608
+            first, last = cursor.fetchone()
+        return first, last
+
+    def first_n(self, n: int) -> tuple[datetime | None, datetime | None, int]:
+        raise NotImplementedError("the limit arm runs no backlog cell yet (bench.plan_limit)")
+
+    def options(self) -> dict[str, Any]:
+        import psycopg
+
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW synchronous_commit")
+            sync = cursor.fetchone()[0]
+        return {
+            "package": f"none: bare SQL on psycopg {psycopg.__version__} (bench/limit_sql.py)",
+            "enqueue": INSERT + " on one persistent autocommit connection (one commit per row)",
+            "claim": " ".join(CLAIM.split()),
+            "complete": " ".join(COMPLETE.split()),
+            "batch": BATCH,
+            "idle_poll_s": IDLE_POLL_S,
+            "worker": "bench.limit_worker: C threads, each a loop on its own persistent autocommit connection",
+            "synchronous_commit": sync,
+        }
+
+    def analyze(self) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {TABLE}")
+
+
+ARM = LimitArm()
