@@ -12,15 +12,27 @@ drain's span runs from the first pool process's first task start (bench.celery_t
 date_done. Waiting messages are the list `celery`; delivered but unacknowledged ones sit in the
 hash `unacked` until acknowledged, or until kombu restores them once they are older than the
 transport's visibility_timeout (3,600 s by default), or when their worker shuts down warm.
+
+The backlog (`fill`) is published the ordinary way, `apply_async()` per task, but under a key
+prefix no worker reads (kombu's `global_keyprefix` transport option: the message bodies and
+routing are those of a plain send, only the Redis key differs), and moved onto the live list
+`celery` by one Redis script when the caller's transaction commits. Published straight to
+`celery`, a 10,000-task fill took seconds (18 s in the run below) while the idle workers drained
+it as it arrived; the drain job starts the span at its commit at the earliest
+(`max(first, committed_at)`), so the tasks run during the fill fell out of the span but not out
+of N (run 20261204T074529Z, drain_c4 repetition 2: 10,000 tasks over the 0.233 s after the commit,
+"42,895/s", where the first start to the last date_done was 18.3 s).
 """
 
 import json
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.tasks import Task
 
 from bench import procs
@@ -28,6 +40,23 @@ from bench.arms.base import Arm, Calls
 
 META = "celery-task-meta-"
 QUEUE, UNACKED = "celery", "unacked"
+# Where the fill publishes (kombu prefixes every key of that connection): the workers BRPOP on
+# `celery` only, so nothing here is theirs until RELEASE moves it.
+STAGE = "bench:fill:"
+# One script, so atomic: a worker's BRPOP sees none of the backlog or all of it (Redis serves
+# blocked clients after the script). RENAME when the live list is absent (O(1), the drain's
+# case: the workers are idle on an empty queue); otherwise RPOPLPUSH one by one, which appends
+# the staged messages oldest first behind whatever is already waiting, as LPUSHes would have.
+RELEASE = """
+local n = redis.call('LLEN', KEYS[1])
+if n == 0 then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('RENAME', KEYS[1], KEYS[2])
+else
+  for _ = 1, n do redis.call('RPOPLPUSH', KEYS[1], KEYS[2]) end
+end
+return n
+"""
 
 
 def redis_client() -> Any:
@@ -50,9 +79,16 @@ class CeleryArm(Arm):
     }
 
     def __init__(self) -> None:
-        self.redis = redis_client()
         self.ids: dict[int, str] = {}  # ledger key -> Celery task id (the fills of this agent)
         self.trees: dict[str, set[int]] = {}  # ident -> the worker's main pid and pool pids seen
+        # time.time() just before the backlog went live (RELEASE): no task of it can start earlier.
+        self.released_at: float | None = None
+
+    @cached_property
+    def redis(self) -> Any:
+        # On first use, not at import: the module then imports without redis-py (the project's
+        # test venv has none), and the pure helpers below can be tested there.
+        return redis_client()
 
     # ---- workers
     def worker_argv(self, concurrency: int, ident: str, interval: float | None, queue: str = "default") -> list[str]:
@@ -103,10 +139,41 @@ class CeleryArm(Arm):
                 self.ids[args[0]] = sent.id
 
     def fill(self, task: Task, calls: Calls) -> None:
-        """One publish per task (Celery has no bulk send), before the caller's transaction commits
-        and outside it: the workers may start on the first messages while the rest are sent. The
-        drain's span starts at the first task start, so it includes that overlap."""
-        self.bulk_enqueue(task, calls)
+        """One publish per task (Celery has no bulk send), staged under STAGE, and made live in
+        one step when the caller's transaction commits (Arm.fill's contract: the backlog appears
+        to the workers all at once). Sent straight to the live list, the workers drained it while
+        it was being sent, and the drain job, which starts the span at the commit at the earliest,
+        divided N by the tail alone (see the module's docstring)."""
+        from bench.celery_app import app
+        from bench.celery_tasks import BY_NAME
+
+        celery_task = BY_NAME[task.func.__name__]
+        with app.connection_for_write(transport_options={"global_keyprefix": STAGE}) as conn:
+            producer = app.amqp.Producer(conn)
+            for args, kwargs in calls:
+                sent = celery_task.apply_async(args=list(args), kwargs=dict(kwargs), producer=producer)
+                if args:
+                    self.ids[args[0]] = sent.id
+        self.release_on_commit(len(calls))
+
+    def release_on_commit(self, expected: int, on_commit: Callable[[Callable[[], None]], None] | None = None) -> None:
+        """Check that every message of the fill is staged (none went to the live list: the
+        prefix applies to every key kombu writes), then release them at the commit.
+        `on_commit`: transaction.on_commit unless a test passes its own."""
+        staged = int(self.redis.llen(STAGE + QUEUE))
+        if staged != expected:
+            raise RuntimeError(f"{staged} messages staged in {STAGE + QUEUE!r}, {expected} sent")
+        (on_commit or transaction.on_commit)(self.release)
+
+    def release(self) -> None:
+        """Move the staged backlog onto the live list (one atomic script), then drop the rest of
+        the staging keys (kombu's binding records for the prefixed connection)."""
+        # Taken before the script runs: every task start of this backlog is later.
+        self.released_at = time.time()
+        self.redis.eval(RELEASE, 2, STAGE + QUEUE, QUEUE)
+        leftovers = list(self.redis.scan_iter(match=STAGE + "*", count=1000))
+        if leftovers:
+            self.redis.delete(*leftovers)
 
     def fill_fast(self, task: Task, total: int) -> None:
         raise NotImplementedError("no fast fill for celery yet (bench.plan_peers: the backlog cells)")
@@ -134,12 +201,7 @@ class CeleryArm(Arm):
         from bench.celery_tasks import FIRST_START_KEY
 
         starts = [float(v) for v in self.redis.hvals(FIRST_START_KEY)]
-        ends = [datetime.fromisoformat(m["date_done"]) for m in self._metas() if m["status"] == "SUCCESS"]
-        first = datetime.fromtimestamp(min(starts), UTC) if starts else None
-        last = max(ends) if ends else None
-        if last is not None and last.tzinfo is None:
-            last = last.replace(tzinfo=UTC)
-        return first, last
+        return span_of(starts, self._metas(), self.released_at)
 
     def first_n(self, n: int) -> tuple[datetime | None, datetime | None, int]:
         raise NotImplementedError("the backlog cells do not run celery yet")
@@ -183,12 +245,46 @@ class CeleryArm(Arm):
         self.redis.flushdb()
         self.ids.clear()
         self.trees.clear()
+        self.released_at = None
         if extra_tables:
             with connection.cursor() as cursor:
                 cursor.execute(f"TRUNCATE {', '.join(extra_tables)} RESTART IDENTITY")
 
     def analyze(self) -> None:
         return None  # nothing of Celery's is in the database
+
+
+def _utc(at: datetime) -> datetime:
+    # Celery 5.7 writes date_done aware (UTC, microseconds); a naive one (older Celery, or
+    # enable_utc off) is taken as UTC, each record on its own, so max() never compares naive
+    # with aware.
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+
+def span_of(
+    starts: Iterable[float], metas: Iterable[dict[str, Any]], released_at: float | None
+) -> tuple[datetime | None, datetime | None]:
+    """The drain's span: the earliest pool process's first task start (time.time() stamps) to
+    the latest SUCCESS date_done. Refuses a span that cannot be this backlog's: a start or a
+    result earlier than its release (`released_at`) was a task run before the backlog went live
+    (a fill leaking to the workers) or a record left from another run; measured anyway, the
+    drain job would cut such a span at its commit and overstate the throughput."""
+    starts = list(starts)
+    ends = [_utc(datetime.fromisoformat(m["date_done"])) for m in metas if m["status"] == "SUCCESS"]
+    first = datetime.fromtimestamp(min(starts), UTC) if starts else None
+    last = max(ends) if ends else None
+    if first is None and last is None:
+        return None, None
+    if released_at is None:
+        raise RuntimeError("task starts or results, but this agent released no backlog")
+    released = datetime.fromtimestamp(released_at, UTC)
+    if first is not None and first < released:
+        raise RuntimeError(f"a task started {(released - first).total_seconds():.3f} s before its backlog's release")
+    if ends and min(ends) < released:
+        raise RuntimeError(
+            f"a result is dated {(released - min(ends)).total_seconds():.3f} s before its backlog's release"
+        )
+    return first, last
 
 
 ARM = CeleryArm()
