@@ -73,32 +73,40 @@ def enqueue_seq(arm: PgqueuerArm, p: Params) -> Result:
 
 
 def drain(arm: PgqueuerArm, p: Params) -> Result:
-    """The shared drain job; the fleet-wide limit is the cell's processes x concurrency."""
-    arm.fleet_limit = p["processes"] * p["concurrency"]
+    """The shared drain job; each worker's pgqueuer settings for the cell's concurrency are
+    bench.pgq_worker.limits(concurrency, processes), recorded in the result."""
+    from bench.pgq_worker import limits
+
+    arm.processes = p["processes"]
     result = jobs.drain(arm, p)
-    result["info"]["concurrency_limit"] = arm.fleet_limit
+    result["info"]["pgqueuer_settings"] = limits(p["concurrency"], p["processes"])
     return result
 
 
 def kill(arm: PgqueuerArm, p: Params) -> Result:
-    """The shared kill job: W workers at concurrency 1 are a fleet-wide limit of W. A worker
-    killed holding a job keeps it `picked`, and so keeps one of the W slots, until its heartbeat
-    is older than heartbeat_timeout (30 s by default) and another worker re-picks it."""
-    arm.fleet_limit = p["workers"]
+    """The shared kill job: W workers at concurrency 1, each capped per process
+    (bench.pgq_worker.limits: max_concurrent_tasks 2, pgqueuer's floor). A worker killed
+    holding jobs keeps them `picked` until their heartbeat is older than heartbeat_timeout
+    (30 s by default) and another worker re-picks them; the other workers' caps are their own,
+    so they drain on meanwhile."""
+    from bench.pgq_worker import limits
+
+    arm.processes = p["workers"]
     result = jobs.kill(arm, p)
-    result["info"]["concurrency_limit"] = arm.fleet_limit
+    result["info"]["pgqueuer_settings"] = limits(1, p["workers"])
     return result
 
 
 def dispatch(arm: PgqueuerArm, p: Params) -> Result:
-    """bench.jobs.dispatch with pgqueuer's enqueue: an idle worker (one process, limit 1);
-    enqueue one `stamp` job (autocommit: committed when the call returns), and measure until
-    the task's first line reads the clock (its ledger row). A random pause of 0..gap seconds
-    between samples; the idle worker's CPU over a few seconds of an empty queue first."""
-    from bench.pgq_worker import encode
+    """bench.jobs.dispatch with pgqueuer's enqueue: an idle worker (one process at concurrency
+    1: bench.pgq_worker.limits); enqueue one `stamp` job (autocommit: committed when the call
+    returns), and measure until the task's first line reads the clock (its ledger row). A
+    random pause of 0..gap seconds between samples; the idle worker's CPU over a few seconds of
+    an empty queue first."""
+    from bench.pgq_worker import encode, limits
 
     jobs._reset(arm)
-    arm.fleet_limit = 1
+    arm.processes = 1
     fleet = Fleet(arm, p)
     samples: list[float] = []
     timeouts = 0
@@ -131,5 +139,5 @@ def dispatch(arm: PgqueuerArm, p: Params) -> Result:
     finally:
         conn.close()
         fleet.stop()
-    info = {**fleet.info(), "n": p["n"], "timeouts": timeouts, "gap_s": p["gap"], "concurrency_limit": 1}
+    info = {**fleet.info(), "n": p["n"], "timeouts": timeouts, "gap_s": p["gap"], "pgqueuer_settings": limits(1, 1)}
     return {"latency_ms": samples, "idle_cpu_pct": idle_pct, "info": info}

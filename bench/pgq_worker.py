@@ -1,7 +1,8 @@
-"""One pgqueuer worker process for the benchmark: `python -m bench.pgq_worker --concurrency-limit C
---ident ID`, started by bench.fleet like the Django arms' workers (bench.launch), but without
-Django: pgqueuer's own QueueManager on its own asyncpg connection, run through
-`pgqueuer.run()` (what `pgq run` calls) with every run() setting at its default.
+"""One pgqueuer worker process for the benchmark: `python -m bench.pgq_worker --ident ID
+[--batch-size B] [--max-concurrent-tasks M] [--concurrency-limit L]`, started by bench.fleet like
+the Django arms' workers (bench.launch), but without Django: pgqueuer's own QueueManager on its
+own asyncpg connection, run through `pgqueuer.run()` (what `pgq run` calls, and these are its
+`--batch-size` / `--max-concurrent-tasks`), every setting not given at pgqueuer's default.
 
 Why asyncpg: it is the driver pgqueuer prefers (`pgq`'s default connection tries asyncpg first,
 psycopg only without it). Its psycopg driver waits for notifications with
@@ -11,9 +12,8 @@ psycopg finished 59 no-op jobs in two minutes.
 
 - Database: BENCH_DB_URL (the arm's database, set by the harness), pgqueuer schema installed
   by `pgq install` (bench.pgq_jobs.setup).
-- Concurrency: each entrypoint's `concurrency_limit` (pgqueuer's per-entrypoint limit, enforced
-  in SQL across every worker) is C. The harness gives C = the cell's processes x concurrency,
-  so a single worker runs at most C tasks at a time (bench.arms.pgqueuer).
+- Concurrency: the harness's "C tasks at a time in one process" becomes pgqueuer settings in
+  `limits()` below (the why is there); with no flag this is pgqueuer at its defaults.
 - Identity: the QueueManager's id is derived from the harness's ident, so the harness can tell
   which picked rows a worker holds (the kill cell) without asking the worker.
 - Task bodies: the benchmark's tasks (bench.tasks) as async entrypoints; the ledger ones write
@@ -59,6 +59,39 @@ def decode(payload: bytes | None) -> tuple[list[Any], dict[str, Any]]:
         return [], {}
     data = json.loads(payload)
     return data["args"], data["kwargs"]
+
+
+def limits(concurrency: int, processes: int) -> dict[str, int]:
+    """pgqueuer's settings for the harness's concurrency C ("at most C tasks at a time in this
+    one process") in a fleet of `processes` such workers; {} is pgqueuer at its defaults (C = 0:
+    drain_pgq_default). What pgqueuer 1.6.0 offers, and why each pick:
+
+    - `max_concurrent_tasks` (run()): "a hard cap on this worker's picked jobs, enforced by the
+      dequeue query" (its docs: "a per-process safety ceiling"): exactly C per process, but
+      pgqueuer refuses it below twice `batch_size`, so C >= 2 gets max_concurrent_tasks = C at
+      the largest batch it allows, C // 2.
+    - C = 1 has no per-process setting (1 < 2 x a batch of at least 1). One process alone is
+      the whole fleet, so the entrypoint's `concurrency_limit` = 1 (enforced in SQL across the
+      fleet; its docs: "1 serialises dispatch") is exactly one task at a time in it. Several C = 1
+      processes (the kill cell) would share that one slot fleet-wide, so they get the
+      per-process cap's floor instead: 2 at a time each (batch 1).
+    - `batch_size` is also the size of the worker's completion-log buffer (JobStatusLogBuffer
+      max_size), flushed when that many completions wait, else on a 0.1 s timer; a picked job
+      holds its slot (concurrency_limit) or budget (max_concurrent_tasks) until that flush deletes
+      its row. With the default batch of 10 and at most C < 10 jobs picked the buffer never
+      fills, so every slot waited out the timer (about 10 jobs/s per slot). With a batch of 1 a
+      completion is flushed at once; with C // 2, half the budget's completions flush while the
+      other half (the next batch) runs."""
+    if concurrency <= 0:
+        return {}
+    if concurrency == 1 and processes == 1:
+        return {"concurrency_limit": 1, "batch_size": 1}
+    return {"max_concurrent_tasks": max(concurrency, 2), "batch_size": max(concurrency // 2, 1)}
+
+
+def limit_argv(settings: dict[str, int]) -> list[str]:
+    """limits() as this module's command-line flags."""
+    return [arg for key, value in sorted(settings.items()) for arg in (f"--{key.replace('_', '-')}", str(value))]
 
 
 def _dump() -> None:
@@ -131,11 +164,19 @@ async def manager(dsn: str, ident: str, limit: int) -> AsyncIterator[Any]:
         await queue_conn.close()
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench.pgq_worker")
-    parser.add_argument("--concurrency-limit", type=int, required=True)
     parser.add_argument("--ident", required=True)
-    args = parser.parse_args(argv)
+    # Each absent flag leaves pgqueuer's default (limits(): concurrency_limit 0 = unlimited,
+    # batch_size 10, max_concurrent_tasks None).
+    parser.add_argument("--concurrency-limit", type=int, default=0)
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--max-concurrent-tasks", type=int)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
 
     import pgqueuer
 
@@ -144,15 +185,20 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("pgqueuer").setLevel(logging.WARNING)
     atexit.register(_dump)
     factory = functools.partial(manager, os.environ["BENCH_DB_URL"], args.ident, args.concurrency_limit)
-    # pgqueuer.run() with no settings: its defaults (dequeue_timeout 30 s, batch_size 10,
-    # heartbeat_timeout 30 s, continuous mode, no max_concurrent_tasks); it stops on SIGTERM.
+    # Only the settings given (limits()); every other run() setting at pgqueuer's default
+    # (dequeue_timeout 30 s, heartbeat_timeout 30 s, continuous mode); it stops on SIGTERM.
+    settings: dict[str, Any] = {}
+    if args.batch_size is not None:
+        settings["batch_size"] = args.batch_size
+    if args.max_concurrent_tasks is not None:
+        settings["max_concurrent_tasks"] = args.max_concurrent_tasks
     # On uvloop when installed, as `pgq run` does.
     try:
         import uvloop
     except ImportError:
-        asyncio.run(pgqueuer.run(factory))
+        asyncio.run(pgqueuer.run(factory, **settings))
     else:
-        uvloop.run(pgqueuer.run(factory))
+        uvloop.run(pgqueuer.run(factory, **settings))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ REASONS: dict[str, str] = {
     "drain_p4": (
         "not run yet: these cells vary Django's connection handling (CONN_MAX_AGE 0 / 600, Django's"
         " pool), which pgqueuer's workers do not use (one psycopg connection each): for pgqueuer the"
-        " three would be one measurement, 4 processes at a fleet-wide limit of 4, not written yet"
+        " three would be one measurement, 4 processes at concurrency 1 (bench.pgq_worker.limits), not"
+        " written yet"
     ),
     "workload": (
         "not run yet: needs the workload entrypoints (pgqueuer runs async entrypoints only; its docs"
@@ -82,7 +83,8 @@ def own_cells(cells: list[Cell]) -> list[Cell]:
 
     - drain_pgq_default: drain_c1's backlog, one worker at pgqueuer.run()'s defaults with no
       concurrency limit at all (batch_size 10 per dequeue, every picked job runs at once as an
-      asyncio task): pgqueuer as installed, where drain_c1 / drain_c4 hold it to 1 / 4 at a time.
+      asyncio task): pgqueuer as installed, where drain_c1 / drain_c4 hold it to 1 / 4 at a time
+      (bench.pgq_worker.limits).
     - kill_pgq_recovery: the kill cell, but waiting up to 40 s without progress (the kill cell: 5 s
       quick, 20 s full) so that pgqueuer's recovery, a re-pick once a dead worker's heartbeat is
       older than heartbeat_timeout (30 s by default), falls inside the measurement.
@@ -98,7 +100,7 @@ def own_cells(cells: list[Cell]) -> list[Cell]:
                 "pgqueuer only: drain_c1's no-op backlog, 1 worker at pgqueuer.run() defaults and no"
                 " concurrency_limit (batch_size 10 per dequeue, all picked jobs run at once)",
                 DRAIN_METRICS,
-                # concurrency 0: pgqueuer's "no limit" (bench.arms.pgqueuer passes it as concurrency_limit)
+                # concurrency 0: no pgqueuer setting at all (bench.pgq_worker.limits returns none)
                 {**drain.params, "concurrency": 0, "worker_env": PERSISTENT},
                 reps=drain.reps,
                 arms=(PGQUEUER,),

@@ -6,8 +6,9 @@ installed (it lives in bench/.venv only); `bench/run --arms pgqueuer` is the rea
 import argparse
 
 from bench import report
+from bench.arms.pgqueuer import ARM
 from bench.harness import Harness
-from bench.pgq_worker import decode, encode, manager_id
+from bench.pgq_worker import decode, encode, limit_argv, limits, manager_id, parse_args
 from bench.plan import build
 from bench.plan_pgqueuer import PGQUEUER, POSTGRES_ONLY, RUNS
 
@@ -29,7 +30,7 @@ def test_pgqueuer_runs_its_cells_and_says_why_for_every_other():
                 assert why == POSTGRES_ONLY
         by_name = {c.name: c for c in plan}
         assert by_name["drain_pgq_default"].arms == (PGQUEUER,)
-        assert by_name["drain_pgq_default"].params["concurrency"] == 0  # pgqueuer's "no limit"
+        assert by_name["drain_pgq_default"].params["concurrency"] == 0  # pgqueuer's defaults: limits() == {}
         assert by_name["kill_pgq_recovery"].params["stall"] > 30  # past heartbeat_timeout's default
         # The Django arms' cells are as before: pgqueuer joins, nobody leaves (procrastinate joins
         # after it: tests/test_bench_procrastinate.py).
@@ -112,3 +113,48 @@ def test_worker_helpers():
     assert encode([], {}) is None and decode(None) == ([], {})
     assert decode(encode([7], {"sleep_ms": 10})) == ([7], {"sleep_ms": 10})
     assert manager_id("bench-abc") == manager_id("bench-abc") != manager_id("bench-abd")
+
+
+def test_concurrency_maps_to_pgqueuer_settings():
+    """The harness's "C at a time in one process" as pgqueuer settings (bench.pgq_worker.limits):
+    pgqueuer's per-process cap where it allows it (max_concurrent_tasks >= 2 x batch_size), the
+    entrypoint limit for C = 1 in a fleet of one, and pgqueuer's defaults for drain_pgq_default."""
+    assert limits(0, 1) == {}
+    assert limits(1, 1) == {"concurrency_limit": 1, "batch_size": 1}
+    assert limits(4, 1) == {"max_concurrent_tasks": 4, "batch_size": 2}
+    assert limits(1, 2) == {"max_concurrent_tasks": 2, "batch_size": 1}  # the kill cell's workers
+    for processes in (1, 2, 4):
+        for c in range(1, 17):
+            got = limits(c, processes)
+            if "max_concurrent_tasks" in got:
+                # what QueueManager.run() insists on, else it raises at boot
+                assert got["max_concurrent_tasks"] >= 2 * got["batch_size"] >= 2
+                assert got["max_concurrent_tasks"] == max(c, 2) and "concurrency_limit" not in got
+            else:
+                assert (c, processes) == (1, 1)
+            # a batch no larger than the jobs in flight, so the completion log's buffer fills
+            # (its max_size is batch_size) instead of every completion waiting for its 0.1 s timer
+            assert got["batch_size"] <= max(c // 2, 1)
+
+
+def test_worker_argv_carries_the_settings_to_the_worker():
+    old = ARM.processes
+    try:
+        for processes, concurrency in ((1, 0), (1, 1), (1, 4), (2, 1)):
+            ARM.processes = processes
+            argv = ARM.worker_argv(concurrency, "bench-x", None)
+            assert argv[:2] == ["--ident", "bench-x"]
+            args = parse_args(argv)
+            parsed = {
+                key: value
+                for key, value in (
+                    ("concurrency_limit", args.concurrency_limit or None),
+                    ("batch_size", args.batch_size),
+                    ("max_concurrent_tasks", args.max_concurrent_tasks),
+                )
+                if value is not None
+            }
+            assert parsed == limits(concurrency, processes)
+    finally:
+        ARM.processes = old
+    assert limit_argv({}) == []

@@ -1,13 +1,14 @@
 """Arm "pgqueuer" (PyPI pgqueuer, pinned in bench/requirements.txt). Not a Django backend: the
 workers are `python -m bench.pgq_worker` processes (pgqueuer's QueueManager on asyncpg, run
-with pgqueuer.run()'s defaults), the enqueue cells use pgqueuer's SyncQueries (bench.pgq_jobs),
-and this class reads progress from pgqueuer's own tables through the agent's Django connection.
+with pgqueuer.run()'s defaults but for the cell's concurrency: bench.pgq_worker.limits), the
+enqueue cells use pgqueuer's SyncQueries (bench.pgq_jobs), and this class reads progress from
+pgqueuer's own tables through the agent's Django connection.
 
 Where the counts come from (never from inside a task):
 - a job waiting or running is a row of `pgqueuer` (status queued / picked);
 - a finished job's row is deleted and a row with its final status is written to
   `pgqueuer_log` (successful, exception, canceled, ...), batched by the worker (flushed every
-  batch_size = 10 completions or 0.1 s);
+  batch_size completions, 10 by default, or 0.1 s);
 - every pick also writes a `picked` log row, with the database's clock at the claim.
 So done = distinct job ids with a `successful` log row; the drain's span runs from the first
 `picked` to the last `successful` log row (the database's clock, where the Django arms' rows
@@ -58,15 +59,19 @@ class PgqueuerArm(Arm):
     }
 
     def __init__(self) -> None:
-        # pgqueuer's concurrency_limit is per entrypoint across the whole fleet; the jobs set
-        # this to the cell's processes x concurrency before they start workers.
-        self.fleet_limit: int | None = None
+        # How many workers the cell runs (a replacement in the kill cell takes a dead one's
+        # place): bench.pgq_worker.limits() needs it for C = 1, where pgqueuer has no
+        # per-process setting and its fleet-wide one is exact only for a fleet of one. The jobs
+        # set it before they start workers.
+        self.processes = 1
 
     # ---- workers
     def worker_argv(self, concurrency: int, ident: str, interval: float | None, queue: str = "default") -> list[str]:
         # interval: no cell sets one for pgqueuer (its idle wake-up is LISTEN/NOTIFY, with
         # dequeue_timeout 30 s as the fallback poll). queue: pgqueuer routes by entrypoint.
-        return ["--concurrency-limit", str(self.fleet_limit or concurrency), "--ident", ident]
+        from bench.pgq_worker import limit_argv, limits
+
+        return ["--ident", ident, *limit_argv(limits(concurrency, self.processes))]
 
     def running_on(self, ident: str, pid: int) -> list[int]:
         from bench.pgq_worker import decode, manager_id
@@ -163,7 +168,11 @@ class PgqueuerArm(Arm):
             "driver": "asyncpg in the workers (pgqueuer's preferred driver); SyncQueries over psycopg for enqueues",
             "worker": "bench.pgq_worker: QueueManager via pgqueuer.run(), defaults",
             "run_defaults": run_defaults,
-            "concurrency": "entrypoint concurrency_limit = the cell's processes x concurrency (fleet-wide)",
+            "concurrency": (
+                "C >= 2: run(max_concurrent_tasks=C, batch_size=C // 2), per process; C = 1 alone:"
+                " entrypoint concurrency_limit=1 with batch_size=1; C = 1 x several processes:"
+                " max_concurrent_tasks=2, batch_size=1 each (bench.pgq_worker.limits)"
+            ),
             "durability": qb.DBSettings().durability.value,
             "schema": "pgq install (defaults: durable, prefix '')",
         }
