@@ -5,7 +5,6 @@ psycopg connection of their own (what a synchronous web process using pgqueuer d
 and kill cells run the shared jobs unchanged, through the arm's fill / counts / running_on."""
 
 import os
-import random
 import subprocess
 import sys
 import time
@@ -13,10 +12,10 @@ from typing import Any
 
 from django.db import connection
 
-from bench import jobs, procs
+from bench import jobs
 from bench.arms.pgqueuer import PgqueuerArm
-from bench.fleet import REPO, Fleet, wait
-from bench.tasks import LEDGER_TABLE
+from bench.fleet import REPO
+from bench.peer_jobs import dispatch_with
 
 Params = dict[str, Any]
 Result = dict[str, Any]
@@ -98,46 +97,17 @@ def kill(arm: PgqueuerArm, p: Params) -> Result:
 
 
 def dispatch(arm: PgqueuerArm, p: Params) -> Result:
-    """bench.jobs.dispatch with pgqueuer's enqueue: an idle worker (one process at concurrency
-    1: bench.pgq_worker.limits); enqueue one `stamp` job (autocommit: committed when the call
-    returns), and measure until the task's first line reads the clock (its ledger row). A
-    random pause of 0..gap seconds between samples; the idle worker's CPU over a few seconds of
-    an empty queue first."""
+    """bench.jobs.dispatch with pgqueuer's enqueue (bench.peer_jobs.dispatch_with): an idle
+    worker (one process at concurrency 1: bench.pgq_worker.limits); one `stamp` job enqueued
+    in autocommit (committed when the call returns), then until the task's first line reads
+    the clock."""
     from bench.pgq_worker import encode, limits
 
-    jobs._reset(arm)
     arm.processes = 1
-    fleet = Fleet(arm, p)
-    samples: list[float] = []
-    timeouts = 0
-    rng = random.Random(p.get("seed", 0))  # noqa: S311
     queries, conn = _queries()
     try:
-        fleet.start_all(1, 1)
-        cpu0, _ = procs.measure(fleet.procs)
-        time.sleep(p.get("idle_s", 3.0))
-        cpu1, _ = procs.measure(fleet.procs)
-        idle_pct = (cpu1 - cpu0) * 100 / p.get("idle_s", 3.0)
-        for key in range(p["n"]):
-            time.sleep(rng.uniform(0, p["gap"]))
-            queries.enqueue("stamp", encode([key], {}))
-            committed = time.time()
-            seen: list[float] = []
-
-            def started(key: int = key, seen: list[float] = seen) -> bool:
-                with connection.cursor() as cursor:
-                    cursor.execute(f"SELECT t FROM {LEDGER_TABLE} WHERE task_key = %s", [key])  # noqa: S608
-                    row = cursor.fetchone()
-                if row:
-                    seen.append(row[0])
-                return bool(row)
-
-            if wait(started, p.get("timeout", 10.0), 0.005, fleet):
-                samples.append((seen[0] - committed) * 1000)
-            else:
-                timeouts += 1
+        return dispatch_with(
+            arm, p, lambda key: queries.enqueue("stamp", encode([key], {})), {"pgqueuer_settings": limits(1, 1)}
+        )
     finally:
         conn.close()
-        fleet.stop()
-    info = {**fleet.info(), "n": p["n"], "timeouts": timeouts, "gap_s": p["gap"], "pgqueuer_settings": limits(1, 1)}
-    return {"latency_ms": samples, "idle_cpu_pct": idle_pct, "info": info}

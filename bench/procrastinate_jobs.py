@@ -6,17 +6,15 @@ using procrastinate enqueues. The drain and kill cells run the shared jobs uncha
 the arm's fill / counts / running_on, once the arm knows the run's log dir (where each worker
 writes its procrastinate worker id)."""
 
-import random
 import time
 from pathlib import Path
 from typing import Any
 
 from django.db import connection, transaction
 
-from bench import jobs, procs
+from bench import jobs
 from bench.arms.procrastinate import ProcrastinateArm
-from bench.fleet import Fleet, wait
-from bench.tasks import LEDGER_TABLE
+from bench.peer_jobs import dispatch_with
 
 Params = dict[str, Any]
 Result = dict[str, Any]
@@ -80,44 +78,15 @@ def kill(arm: ProcrastinateArm, p: Params) -> Result:
 
 
 def dispatch(arm: ProcrastinateArm, p: Params) -> Result:
-    """bench.jobs.dispatch with procrastinate's defer: an idle worker (one process, concurrency
-    1); `stamp.defer(key=...)` in `atomic()`, committed, then until the task's first line reads
-    the clock (its ledger row). A random pause of 0..gap seconds between samples; the idle
-    worker's CPU over a few seconds of an empty queue first."""
+    """bench.jobs.dispatch with procrastinate's defer (bench.peer_jobs.dispatch_with):
+    `stamp.defer(key=...)` in `atomic()`, committed, then until the task's first line reads
+    the clock."""
     from bench.procrastinate_tasks import stamp
 
-    jobs._reset(arm)
     _prepare(arm, p)
-    fleet = Fleet(arm, p)
-    samples: list[float] = []
-    timeouts = 0
-    rng = random.Random(p.get("seed", 0))  # noqa: S311
-    try:
-        fleet.start_all(1, 1)
-        cpu0, _ = procs.measure(fleet.procs)
-        time.sleep(p.get("idle_s", 3.0))
-        cpu1, _ = procs.measure(fleet.procs)
-        idle_pct = (cpu1 - cpu0) * 100 / p.get("idle_s", 3.0)
-        for key in range(p["n"]):
-            time.sleep(rng.uniform(0, p["gap"]))
-            with transaction.atomic():
-                stamp.defer(key=key)
-            committed = time.time()
-            seen: list[float] = []
 
-            def started(key: int = key, seen: list[float] = seen) -> bool:
-                with connection.cursor() as cursor:
-                    cursor.execute(f"SELECT t FROM {LEDGER_TABLE} WHERE task_key = %s", [key])  # noqa: S608
-                    row = cursor.fetchone()
-                if row:
-                    seen.append(row[0])
-                return bool(row)
+    def enqueue(key: int) -> None:
+        with transaction.atomic():
+            stamp.defer(key=key)
 
-            if wait(started, p.get("timeout", 10.0), 0.005, fleet):
-                samples.append((seen[0] - committed) * 1000)
-            else:
-                timeouts += 1
-    finally:
-        fleet.stop()
-    info = {**fleet.info(), "n": p["n"], "timeouts": timeouts, "gap_s": p["gap"]}
-    return {"latency_ms": samples, "idle_cpu_pct": idle_pct, "info": info}
+    return dispatch_with(arm, p, enqueue, {})
