@@ -22,28 +22,11 @@ from ox.flow.limits import QueueLimits
 from ox.models import Edge, Status, Task
 from ox.workflow import join
 from tests import workflow_tasks as wt
+from tests.test_attack_metadata_end import _claim_all, _now, _row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PG = connection.vendor == "postgresql"
-
-
-def _now():
-    return clock.db_now(connection)
-
-
-def _completion(claimed, metadata_json=None, value="1", workflow=False) -> sql.Completion:
-    now = _now()
-    return sql.Completion(claimed.id, claimed.fence, value, now, now, workflow, metadata_json)
-
-
-def _claim_all(n: int, queue: str = "default", worker: str = "atk") -> list[sql.Claimed]:
-    now = _now()
-    return sql.claim(connection, worker, [queue], (n, 0), now, now + timedelta(seconds=60))
-
-
-def _row(result_or_id) -> Task:
-    return Task.objects.get(id=getattr(result_or_id, "id", result_or_id))
 
 
 # -------------------------------------------------------------------------------------------- join
