@@ -41,6 +41,10 @@ class Claims:
         self.w = worker
         self.async_queues: set[str] = set()  # queues an async task was claimed from
         self.next_top_up = 0.0
+        # Per kind (sync, async): the last claim that asked for it got all it asked, so more
+        # may wait; a slot of that kind freeing is then a reason to claim at once, idle mark
+        # or not (the mark is for enqueues: it does not say the backlog is empty).
+        self.full = [False, False]
 
     def busy(self, is_async: bool) -> int:
         w = self.w
@@ -100,6 +104,9 @@ class Claims:
                 self.async_queues.add(c.queue)
         w.claimed_total += len(claimed)
         got_async = sum(1 for c in claimed if c.is_async)
+        for kind, asked, got in ((0, sync_limit, len(claimed) - got_async), (1, async_limit, got_async)):
+            if asked > 0:
+                self.full[kind] = got >= asked
         probe_only = sync_limit == 0 and not w.async_seen  # looking for a kind never seen yet
         w.async_seen = w.async_seen or got_async > 0
         if async_limit and not got_async:
@@ -238,11 +245,14 @@ class Claims:
         history = self._history([c.id for c in claimed if c.attempts > 1])
         flows = [c for c in claimed if c.workflow_id is not None]
         if flows:
-            # A task after others in a workflow gets their results first (from its edges).
-            found = join.inputs(w.conn, [c.id for c in flows])
+            # A task after others in a workflow gets their results first (from its edges),
+            # read by the claim itself where the database allows (Claimed.inputs).
+            unread = [c.id for c in flows if c.inputs is None]
+            found = join.inputs(w.conn, unread) if unread else {}
             for c in flows:
-                if c.id in found:
-                    c.args_json = with_input(c.args_json, input_text(found[c.id]))
+                pairs = c.inputs if c.inputs is not None else found.get(c.id)
+                if pairs:
+                    c.args_json = with_input(c.args_json, input_text(pairs))
         preps: list[Prepared] = []
         for c in claimed:
             timeout = w.options.timeout_for(c.queue, None)

@@ -389,6 +389,9 @@ class Worker:
             self.more_waiting = True  # the limit that held its queue back has room now
         if not self.flow.rate_held(time.time()):
             self.idle.slot_freed()
+            is_async = held.prep.is_async if held.prep is not None else held.claimed.is_async
+            if self.claims.full[is_async]:
+                self.more_waiting = True  # its kind's last claim got all it asked for
         self.completer.add(finished)
         if len(self.completer.successes) >= self.options.completion_batch:
             self._guard(lambda: self.completer.flush(self.conn))
