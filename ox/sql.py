@@ -80,7 +80,7 @@ def complete_and_claim(
         return set(), claim(conn, worker_id, queues, limits, now, lease_expires_at, gate)
     if max(limits) <= 0 or not queues:
         return complete(conn, done), []
-    if not any(c.workflow for c in done):
+    if driver(conn).joins_in_claim or not any(c.workflow for c in done):
         return driver(conn).complete_and_claim(conn, done, worker_id, queues, limits, now, lease_expires_at, gate)
     with transaction(conn) as cursor:
         written, claimed = driver(conn).complete_and_claim(

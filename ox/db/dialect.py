@@ -83,6 +83,10 @@ class Dialect:
     clock_sql: ClassVar[str] = ""
     # Whether move_rows runs its pick more than once (then the pick's order must be total).
     repeats_pick: ClassVar[bool] = True
+    # Whether complete_and_claim also joins the workflow tasks among its completions
+    # (ox.workflow.join.succeeded) in its own statement; elsewhere ox.sql runs the join after
+    # it, in one transaction.
+    joins_in_claim: ClassVar[bool] = False
     # Whether a CTE inside a subquery may refer to the outer query's columns (ox.flow.keywalk).
     correlates_into_cte: ClassVar[bool] = True
     text_type: ClassVar[str] = "text"  # what a queue name is cast to in the walks' seeds

@@ -34,6 +34,9 @@ class Claimed:
     run_after: datetime  # when it became due (claim order)
     metadata_json: str | None = None  # None: none given (ox.metadata)
     workflow_id: uuid.UUID | None = None  # ox.workflow: its end is joined in the same transaction
+    # A workflow task's inputs (gather, result JSON) in position order, read by the claim
+    # itself where it can (PostgreSQL); None: not read with the claim (ox.workflow.join.inputs).
+    inputs: list[tuple[bool, str | None]] | None = None
 
     @property
     def key(self) -> tuple[uuid.UUID, int]:
@@ -144,6 +147,7 @@ def read_claimed(rows: Iterable[Sequence[Any]]) -> list[Claimed]:
             run_after=read_ts(r[13]),
             metadata_json=None if r[14] is None else read_json_text(r[14]),
             workflow_id=None if r[15] is None else read_id(r[15]),
+            inputs=None if len(r) < 17 or r[16] is None else [(g == "true", res) for g, res in r[16]],
         )
         for r in rows
     ]

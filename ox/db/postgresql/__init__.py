@@ -38,6 +38,7 @@ class PostgresDriver(Driver):
     vacuums: ClassVar[bool] = True
     clock_sql: ClassVar[str] = "SELECT statement_timestamp()"
     repeats_pick: ClassVar[bool] = False
+    joins_in_claim: ClassVar[bool] = True
 
     def id(self, value: uuid.UUID) -> object:
         return value
@@ -72,20 +73,28 @@ class PostgresDriver(Driver):
         lease_expires_at: datetime,
         gate: Gate = False,
     ) -> tuple[set[Held], list[Claimed]]:
-        """One statement: the completion, the picks and the claim's UPDATE as CTEs."""
+        """One statement: the completion, the join of the workflow tasks among them
+        (ox.db.postgresql.join.IN_CLAIM), the picks and the claim's UPDATE as CTEs."""
         done_sql, done_params = complete_sql(done)
         parts = claim_parts(worker_id, queues, limits, now, lease_expires_at, gate)
+        ended = {c.id: c.return_json for c in done if c.workflow}
+        join_ctes, join_params, woken = "", [], ""
+        if ended:
+            join_ctes = f"{join.IN_CLAIM}, "
+            join_params = join.succeeded_params(ended, max(c.finished_at for c in done), CHANNEL)
+            # The join's NOTIFY runs only if its CTE is read: a row each, the flag NULL.
+            woken = f" UNION ALL SELECT NULL, {', '.join(['NULL'] * 17)} FROM woken"
         # The completion's rows share the claim's columns: id first, fence at its place.
         nulls = ", ".join(["NULL"] * 10)
         sql = (
-            f"WITH done AS ({done_sql}), {', '.join(parts.picks)}, claimed AS ({parts.update})"
-            f" SELECT true, {CLAIM_COLUMNS} FROM claimed"
-            f" UNION ALL SELECT false, id, {nulls}, fence, NULL, NULL, NULL, NULL FROM done"
+            f"WITH done AS ({done_sql}), {join_ctes}{', '.join(parts.picks)}, claimed AS ({parts.update})"
+            f" SELECT true, {CLAIM_COLUMNS}, inputs FROM claimed"
+            f" UNION ALL SELECT false, id, {nulls}, fence, NULL, NULL, NULL, NULL, NULL FROM done{woken}"
         )
         with conn.cursor() as cursor:
-            cursor.execute(sql, [*done_params, *parts.pick_params, *parts.update_params])
+            cursor.execute(sql, [*done_params, *join_params, *parts.pick_params, *parts.update_params])
             rows = cursor.fetchall()
-        written = {(read_id(r[1]), int(r[12])) for r in rows if not r[0]}
+        written = {(read_id(r[1]), int(r[12])) for r in rows if r[0] is False}
         return written, read_claimed(r[1:] for r in rows if r[0])
 
     def begin_read_committed(self) -> list[str]:

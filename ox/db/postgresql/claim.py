@@ -10,6 +10,14 @@ from ox.db.base import SET_RUNNING
 from ox.db.rows import CLAIM_COLUMNS, Completion
 from ox.db.walks import Gate, candidates_per_level, distinct, skip
 
+# A workflow task's inputs read by its claim (Claimed.inputs), one index probe of its edges
+# (ox_edge_child) each: not a round trip of their own after the claim. Edges of a task not in a
+# workflow are not looked for. A 2-D text array of [gather, result] pairs in position order.
+INPUTS = (
+    "CASE WHEN workflow_id IS NULL THEN NULL ELSE ARRAY(SELECT ARRAY[e.gather::text, e.result]"
+    " FROM ox_workflow_edge e WHERE e.child_id = ox_task.id ORDER BY e.position) END AS inputs"
+)
+
 
 @dataclass(slots=True)
 class ClaimSql:
@@ -80,7 +88,7 @@ def claim_parts(
     ctes = [f"pick_{flag} AS ({pick})" for (flag, _limit), (pick, _params) in zip(kinds, picks, strict=True)]
     pick_params: list[object] = [p for _pick, params in picks for p in params]
     ids = " UNION ALL ".join(f"SELECT id FROM pick_{flag}" for flag, _limit in kinds)
-    update = f"{SET_RUNNING} WHERE id IN ({ids}) RETURNING {CLAIM_COLUMNS}"
+    update = f"{SET_RUNNING} WHERE id IN ({ids}) RETURNING {CLAIM_COLUMNS}, {INPUTS}"
     return ClaimSql(ctes, pick_params, update, [worker_id, lease_expires_at])
 
 
