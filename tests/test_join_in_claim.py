@@ -179,3 +179,35 @@ def test_the_join_on_a_claim_notifies_an_idle_worker_only_when_a_follower_became
         assert _row(run.results[-1]).status == Status.READY
     finally:
         listener.close()
+
+
+def test_the_inputs_a_claim_reads_are_those_join_inputs_reads():
+    """Claimed.inputs (read by the claim where the database allows) against a read of the
+    edges after it: a chain step, a group's callback (results gathered in position order), a
+    "continue" follower whose parent failed (result None), a head (no inputs)."""
+    from ox.workflow import join
+
+    ox.chain(wt.add.s(1, 1), wt.total.s()).enqueue()
+    ox.group([wt.add.s(i, 1) for i in range(3)]).then(wt.total.s()).enqueue()
+    cont = ox.group([wt.add.s(1, 1), wt.add.s(2, 2)]).then(wt.total.s()).enqueue(policy="continue")
+    heads = _claim(20)
+    failed = next(c for c in heads if str(c.id) == cont.results[1].id)
+    rest = [c for c in heads if c.id != failed.id]
+    now = _now()
+    failure = sql.Failure(failed.id, failed.fence, 1, "jic", now, now, "failed", "x.E", "tb", None, workflow=True)
+    sql.fail(connection, failure)
+    for i, c in enumerate(rest):
+        _complete_and_claim(_done([c], str(10 + i)), 0)
+    claimed = _complete_and_claim([], 20)[1]
+    assert len(claimed) == 3
+    expected = join.inputs(connection, [c.id for c in claimed])
+    for c in claimed:
+        if connection.vendor == "postgresql":
+            assert c.inputs == expected[c.id]
+        else:
+            assert c.inputs is None  # read after the claim (ox.claims)
+    by_count = sorted(len(v) for v in expected.values())
+    assert by_count == [1, 2, 3]
+    assert any(None in [r for _g, r in v] for v in expected.values())  # the failed parent's
+    if connection.vendor == "postgresql":
+        assert all(c.inputs == [] for c in heads)
