@@ -40,13 +40,18 @@ class OxArm(Arm):
         ox.enqueue_many(task, calls)
 
     def tables(self) -> list[str]:
-        from ox.models import ArchivedTask, Attempt, Worker
+        from ox.models import ArchivedTask, Attempt, Step, Worker
+        from ox.workflow.models import Edge, Workflow
 
         # The counts read ox_task only: ox's default ARCHIVE_AFTER moves a finished task to
         # ox_task_archive 5 minutes after it finished, and cells count their tasks within
         # seconds of the drain (the caps are 60-300 s; only a failing drain waits its 600 s
-        # timeout), so every finished task is still there. Reset clears the archive too.
-        return [self.model._meta.db_table, ArchivedTask._meta.db_table, Attempt._meta.db_table, Worker._meta.db_table]
+        # timeout), so every finished task is still there. Reset clears the archive too, and
+        # the workflows' tables: left out, every chain round added its 8,000 edges to the
+        # next one's, never analyzed (this server runs without autovacuum), and a claim's
+        # read of its tasks' inputs became a scan of all of them (20261204T090753Z's c4 chain).
+        models = (self.model, ArchivedTask, Attempt, Worker, Step, Workflow, Edge)
+        return [m._meta.db_table for m in models]
 
     def options(self) -> dict[str, Any]:
         from django.tasks import task_backends
