@@ -64,7 +64,7 @@ def decode(payload: bytes | None) -> tuple[list[Any], dict[str, Any]]:
 def limits(concurrency: int, processes: int) -> dict[str, int]:
     """pgqueuer's settings for the harness's concurrency C ("at most C tasks at a time in this
     one process") in a fleet of `processes` such workers; {} is pgqueuer at its defaults (C = 0:
-    drain_pgq_default). What pgqueuer 1.6.0 offers, and why each pick:
+    drain_defaults). What pgqueuer 1.6.0 offers, and why each pick:
 
     - `max_concurrent_tasks` (run()): "a hard cap on this worker's picked jobs, enforced by the
       dequeue query" (its docs: "a per-process safety ceiling"): exactly C per process, but

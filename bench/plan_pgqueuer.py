@@ -78,13 +78,13 @@ def reason(cell: Cell) -> str | None:
 
 
 def own_cells(cells: list[Cell]) -> list[Cell]:
-    """Two pgqueuer-only cells that put its figures of the shared cells in context (the other
-    arms have nothing to compare here: these are pgqueuer against its own mapping):
+    """Two cells of pgqueuer's that put its figures of the shared cells in context:
 
-    - drain_pgq_default: drain_c1's backlog, one worker at pgqueuer.run()'s defaults with no
-      concurrency limit at all (batch_size 10 per dequeue, every picked job runs at once as an
-      asyncio task): pgqueuer as installed, where drain_c1 / drain_c4 hold it to 1 / 4 at a time
-      (bench.pgq_worker.limits).
+    - drain_defaults: drain_c1's backlog, one worker of each at its own defaults, side by side:
+      ox's `runworker` with no flags (one thread for sync tasks, 100 async slots, a prefetch of
+      up to 100 claimed ahead) and pgqueuer.run()'s with no concurrency limit at all (batch_size
+      10 per dequeue, every picked job runs at once as an asyncio task): each as installed, where
+      drain_c1 / drain_c4 hold pgqueuer to 1 / 4 at a time (bench.pgq_worker.limits).
     - kill_pgq_recovery: the kill cell, but waiting up to 40 s without progress (the kill cell: 5 s
       quick, 20 s full) so that pgqueuer's recovery, a re-pick once a dead worker's heartbeat is
       older than heartbeat_timeout (30 s by default), falls inside the measurement.
@@ -95,15 +95,16 @@ def own_cells(cells: list[Cell]) -> list[Cell]:
         drain = by_name["drain_c1"]
         out.append(
             Cell(
-                "drain_pgq_default",
+                "drain_defaults",
                 "drain",
-                "pgqueuer only: drain_c1's no-op backlog, 1 worker at pgqueuer.run() defaults and no"
+                "ox and pgqueuer each at its worker's defaults: drain_c1's no-op backlog, 1 worker; ox"
+                " runworker without flags (1 thread, prefetch up to 100), pgqueuer run() without a"
                 " concurrency_limit (batch_size 10 per dequeue, all picked jobs run at once)",
                 DRAIN_METRICS,
-                # concurrency 0: no pgqueuer setting at all (bench.pgq_worker.limits returns none)
+                # concurrency 0: no setting at all (bench.arms.ox and bench.pgq_worker.limits)
                 {**drain.params, "concurrency": 0, "worker_env": PERSISTENT},
                 reps=drain.reps,
-                arms=(PGQUEUER,),
+                arms=("ox", PGQUEUER),
             )
         )
     if "kill" in by_name:

@@ -52,7 +52,7 @@ def test_limit_runs_its_cells_and_says_why_for_every_other():
         for name in ("dispatch", "kill"):
             assert by_name[name].cannot_run[LIMIT] == REASONS[name]
         assert by_name["enqueue_atomic"].cannot_run[LIMIT] == REASONS["enqueue_atomic"]
-        assert by_name["drain_pgq_default"].cannot_run[LIMIT] == "cannot run: a pgqueuer-only cell"
+        assert by_name["kill_pgq_recovery"].cannot_run[LIMIT] == "cannot run: a pgqueuer-only cell"
         assert by_name["procs_p1"].cannot_run[LIMIT] == REASONS["ox_only"]
         # The other arms' cells are as before: the limit joins, nobody moves or leaves.
         drain = by_name["drain_c1"].arms

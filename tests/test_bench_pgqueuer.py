@@ -12,7 +12,7 @@ from bench.pgq_worker import decode, encode, limit_argv, limits, manager_id, par
 from bench.plan import build
 from bench.plan_pgqueuer import PGQUEUER, POSTGRES_ONLY, RUNS
 
-OWN = {"drain_pgq_default", "kill_pgq_recovery"}
+OWN = {"drain_defaults", "kill_pgq_recovery"}
 
 
 def test_pgqueuer_runs_its_cells_and_says_why_for_every_other():
@@ -29,8 +29,8 @@ def test_pgqueuer_runs_its_cells_and_says_why_for_every_other():
             if cell.db != "pg":
                 assert why == POSTGRES_ONLY
         by_name = {c.name: c for c in plan}
-        assert by_name["drain_pgq_default"].arms == (PGQUEUER,)
-        assert by_name["drain_pgq_default"].params["concurrency"] == 0  # pgqueuer's defaults: limits() == {}
+        assert by_name["drain_defaults"].arms == ("ox", PGQUEUER)  # each at its defaults, side by side
+        assert by_name["drain_defaults"].params["concurrency"] == 0  # pgqueuer's: limits() == {}
         assert by_name["kill_pgq_recovery"].params["stall"] > 30  # past heartbeat_timeout's default
         # The Django arms' cells are as before: pgqueuer joins, nobody leaves (procrastinate joins
         # after it: tests/test_bench_procrastinate.py).
@@ -59,7 +59,7 @@ def fake_harness(tmp_path, cells, arms):
 
 
 def test_harness_records_and_prints_why_a_cell_did_not_run(tmp_path, monkeypatch, capsys):
-    harness = fake_harness(tmp_path, "drain_c1,bulk_enqueue,mariadb_drain_c1,drain_pgq_default", "ox,pgqueuer")
+    harness = fake_harness(tmp_path, "drain_c1,bulk_enqueue,mariadb_drain_c1,drain_defaults", "ox,pgqueuer")
     speed = {"ox": 5400.0, PGQUEUER: 2700.0}
     ran = []
 
@@ -79,7 +79,8 @@ def test_harness_records_and_prints_why_a_cell_did_not_run(tmp_path, monkeypatch
             "drain_c1-0-pgqueuer",
             "bulk_enqueue-0-ox",
             "mariadb_drain_c1-0-ox",
-            "drain_pgq_default-0-pgqueuer",
+            "drain_defaults-0-ox",
+            "drain_defaults-0-pgqueuer",
         ]
     )
     by = {(c["name"], c["metric"]): c for c in doc["cells"]}
@@ -88,7 +89,7 @@ def test_harness_records_and_prints_why_a_cell_did_not_run(tmp_path, monkeypatch
     bulk = by[("bulk_enqueue", "throughput")]
     assert set(bulk["arms"]) == {"ox"} and bulk["cannot_run"][PGQUEUER].startswith("not run yet: ")
     assert by[("mariadb_drain_c1", "throughput")]["cannot_run"] == {PGQUEUER: POSTGRES_ONLY}
-    assert set(by[("drain_pgq_default", "throughput")]["arms"]) == {PGQUEUER}
+    assert set(by[("drain_defaults", "throughput")]["arms"]) == {"ox", PGQUEUER}
 
     printed = capsys.readouterr().out
     assert f"{PGQUEUER}: {POSTGRES_ONLY}" in printed
@@ -118,7 +119,7 @@ def test_worker_helpers():
 def test_concurrency_maps_to_pgqueuer_settings():
     """The harness's "C at a time in one process" as pgqueuer settings (bench.pgq_worker.limits):
     pgqueuer's per-process cap where it allows it (max_concurrent_tasks >= 2 x batch_size), the
-    entrypoint limit for C = 1 in a fleet of one, and pgqueuer's defaults for drain_pgq_default."""
+    entrypoint limit for C = 1 in a fleet of one, and pgqueuer's defaults for drain_defaults."""
     assert limits(0, 1) == {}
     assert limits(1, 1) == {"concurrency_limit": 1, "batch_size": 1}
     assert limits(4, 1) == {"max_concurrent_tasks": 4, "batch_size": 2}
@@ -158,3 +159,12 @@ def test_worker_argv_carries_the_settings_to_the_worker():
     finally:
         ARM.processes = old
     assert limit_argv({}) == []
+
+
+def test_drain_defaults_runs_ox_without_a_concurrency_flag():
+    """Concurrency 0 is each arm at its own defaults: ox's runworker gets no --concurrency (its
+    default, 1 thread), while a cell's concurrency C is passed as it is."""
+    from bench.arms.ox import ARM as OX
+
+    assert "--concurrency" not in OX.worker_argv(0, "bench-x", None)
+    assert OX.worker_argv(4, "bench-x", None)[:3] == ["runworker", "--concurrency", "4"]

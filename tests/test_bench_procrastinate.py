@@ -33,7 +33,7 @@ def test_procrastinate_runs_its_cells_and_says_why_for_every_other():
                 assert why == POSTGRES_ONLY
         by_name = {c.name: c for c in plan}
         # The other peer's own cells and this one's: each names the other as absent, with why.
-        assert by_name["drain_pgq_default"].cannot_run[PROCRASTINATE] == "cannot run: a pgqueuer-only cell"
+        assert by_name["kill_pgq_recovery"].cannot_run[PROCRASTINATE] == "cannot run: a pgqueuer-only cell"
         recovery = by_name["kill_procrastinate_recovery"]
         assert recovery.arms == (PROCRASTINATE,)
         assert recovery.cannot_run[PGQUEUER] == "cannot run: a procrastinate-only cell"

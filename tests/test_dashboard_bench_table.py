@@ -231,7 +231,7 @@ def test_families_of_the_plan_cells():
         "unique_enqueue": "Flow control",
         "limit_global_io": "Flow control",
         "drain_p4_pool": "Drain",
-        "drain_pgq_default": "Drain",
+        "drain_defaults": "Drain",
         "kill_procrastinate_recovery": "Kill / crash",
         "dispatch": "Dispatch",
         "io_bound_async_c4": "Workloads",

@@ -21,7 +21,15 @@ class OxArm(Arm):
         self.model = TaskRow
 
     def worker_argv(self, concurrency: int, ident: str, interval: float | None, queue: str = "default") -> list[str]:
-        argv = ["runworker", "--concurrency", str(concurrency), "--queues", queue, "-v", "0"]
+        # Concurrency 0: ox's own defaults (the cell drain_defaults).
+        argv = [
+            "runworker",
+            *(["--concurrency", str(concurrency)] if concurrency > 0 else []),
+            "--queues",
+            queue,
+            "-v",
+            "0",
+        ]
         return argv + (["--interval", str(interval)] if interval else [])
 
     def running_on(self, ident: str, pid: int) -> list[int]:
