@@ -196,7 +196,9 @@ class Leases:
             taken = w.local.take_queue(queue)
             if taken:
                 w.to_hand_back.extend(p.key for p in taken if p.key not in w.to_hand_back)
-                w.prefetch_hold = True
+                # Claim them again when a slot frees: a short claim may have marked this
+                # worker waiting, and no enqueue tells it of tasks it gave back itself.
+                w.prefetch_hold = w.gave_back = True
                 event(logger, logging.INFO, message, count=len(taken), queue=queue, worker=w.id)
 
     def _give_back_hoarded(self, now: float, is_async: bool) -> None:
@@ -218,6 +220,6 @@ class Leases:
         taken = executor.take_back()
         if taken:
             w.to_hand_back.extend(p.key for p in taken if p.key not in w.to_hand_back)
-            w.prefetch_hold = True
+            w.prefetch_hold = w.gave_back = True  # as for parked tasks, above
             message = "gave back prefetched tasks waiting behind long ones"
             event(logger, logging.INFO, message, count=len(taken), worker=w.id)
