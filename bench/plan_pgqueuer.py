@@ -12,7 +12,7 @@ from bench.plan import DRAIN_METRICS, KILL_METRICS, PERSISTENT, Cell
 
 PGQUEUER = "pgqueuer"
 # The shared cells bench.pgq_jobs runs for pgqueuer (besides its own two, own_cells).
-RUNS = frozenset({"enqueue_seq", "drain_c1", "drain_c4", "dispatch", "kill"})
+RUNS = frozenset({"enqueue_seq", "drain_c1", "drain_c4", "drain_p4_conn600", "dispatch", "kill"})
 
 POSTGRES_ONLY = (
     "cannot run: pgqueuer is PostgreSQL only (claims with FOR UPDATE SKIP LOCKED, wakes on"
@@ -27,10 +27,9 @@ REASONS: dict[str, str] = {
         "not run yet: pgqueuer's bulk path is enqueue() with lists (one statement); that job is not written yet"
     ),
     "drain_p4": (
-        "not run yet: these cells vary Django's connection handling (CONN_MAX_AGE 0 / 600, Django's"
-        " pool), which pgqueuer's workers do not use (one psycopg connection each): for pgqueuer the"
-        " three would be one measurement, 4 processes at concurrency 1 (bench.pgq_worker.limits), not"
-        " written yet"
+        "cannot run: these three cells vary Django's connection handling (CONN_MAX_AGE 0 / 600, Django's"
+        " pool), which pgqueuer's workers do not use (one psycopg connection each): for pgqueuer the three"
+        " are one measurement, run once as drain_p4_conn600"
     ),
     "workload": (
         "not run yet: needs the workload entrypoints (pgqueuer runs async entrypoints only; its docs"
