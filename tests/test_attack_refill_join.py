@@ -332,13 +332,10 @@ def test_workers_ending_members_of_the_same_groups_at_once_claim_each_task_once_
 
 
 @pytest.mark.skipif(not PG, reason="the join in the claim's statement is PostgreSQL's")
-def test_a_join_that_readies_nothing_on_a_claim_does_not_notify_even_for_a_cancelled_follower():
+def test_a_join_that_readies_nothing_on_a_claim_does_not_notify_even_for_a_cancelled_follower(listener):
     """Stop policy: a member fails for good, the callback is CANCELLED; the other member's success
     then rides on a claim with a worker marked idle: the callback is counted (not READY), and no
     NOTIFY is sent."""
-    import psycopg
-
-    from ox.db.dialect import CHANNEL
     from ox.models import Worker
     from tests import workflow_tasks as wt
 
@@ -350,22 +347,14 @@ def test_a_join_that_readies_nothing_on_a_claim_does_not_notify_even_for_a_cance
     failure = sql.Failure(m2.id, m2.fence, 1, "atk", now, now, "failed", "x.E", "tb", None, workflow=True)
     assert sql.fail(connection, failure) == "FAILED"
     assert _status(run.last) == Status.CANCELLED
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    listener = psycopg.connect(**params, autocommit=True)
-    try:
-        listener.execute(f"LISTEN {CHANNEL}")
-        assert [n.payload for n in listener.notifies(timeout=0.3)] == []
-        now = clock.db_now(connection)
-        done = [sql.Completion(m1.id, m1.fence, "2", now, now, True)]
-        written, claimed = sql.complete_and_claim(
-            connection, done, "atk", ["default"], (5, 0), now, now + timedelta(seconds=60)
-        )
-        assert written == {m1.key} and claimed == []
-        assert [n.payload for n in listener.notifies(timeout=0.5)] == []
-    finally:
-        listener.close()
+    assert listener(0.3) == []  # the conftest fixture: a LISTEN session of its own
+    now = clock.db_now(connection)
+    done = [sql.Completion(m1.id, m1.fence, "2", now, now, True)]
+    written, claimed = sql.complete_and_claim(
+        connection, done, "atk", ["default"], (5, 0), now, now + timedelta(seconds=60)
+    )
+    assert written == {m1.key} and claimed == []
+    assert listener(0.5) == []
     row = Task.objects.get(pk=run.last.id)
     assert (row.status, row.waiting) == (Status.CANCELLED, 0)
     assert list(Edge.objects.filter(parent_id=m1.id).values_list("done", "result")) == [(True, "2")]

@@ -151,34 +151,19 @@ def test_a_ready_follower_claimed_by_the_same_statement_is_claimed_once():
 
 
 @pytest.mark.skipif(not PG, reason="NOTIFY: PostgreSQL only")
-def test_the_join_on_a_claim_notifies_an_idle_worker_only_when_a_follower_became_ready():
-    import psycopg
-
-    from ox.db.dialect import CHANNEL
+def test_the_join_on_a_claim_notifies_an_idle_worker_only_when_a_follower_became_ready(listener):
     from ox.models import Worker
 
     now = _now()
     Worker.objects.create(id="idle-jic", host="h", pid=1, started_at=now, heartbeat_at=now, idle_since=now)
     run = ox.group([wt.add.s(1, 1), wt.add.s(2, 2)]).then(wt.total.s()).enqueue()
     m1, m2 = _claim(10)
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    listener = psycopg.connect(**params, autocommit=True)
-    try:
-        listener.execute(f"LISTEN {CHANNEL}")
-
-        def heard():
-            return [n.payload for n in listener.notifies(timeout=0.5)]
-
-        assert heard() == []
-        _complete_and_claim(_done([m1]), 5)
-        assert heard() == [], "a NOTIFY for a join that made nothing READY"
-        _complete_and_claim(_done([m2]), 5)
-        assert heard() == ["default"]
-        assert _row(run.results[-1]).status == Status.READY
-    finally:
-        listener.close()
+    assert listener(0.5) == []  # the conftest fixture: a LISTEN session of its own
+    _complete_and_claim(_done([m1]), 5)
+    assert listener(0.5) == [], "a NOTIFY for a join that made nothing READY"
+    _complete_and_claim(_done([m2]), 5)
+    assert listener(0.5) == ["default"]
+    assert _row(run.results[-1]).status == Status.READY
 
 
 def test_the_inputs_a_claim_reads_are_those_join_inputs_reads():
