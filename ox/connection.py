@@ -19,9 +19,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
 from ox.db import driver
+from ox.db.base import SESSION_ATTR
 
-# The session settings a worker connection gets at every connect (see _start_worker_session).
-_SERVER_ATTR = "ox_server_keepalives"
 IDLE_LIMIT = 60.0  # s
 
 
@@ -40,7 +39,7 @@ def open_worker_connection(alias: str, pooled: bool = False, idle_limit: float =
     server = driver(conn).worker_options(options, pooled, idle_limit)
     if server is not None:
         # On the wrapper, not applied once here: a reconnect of the same wrapper gets them too.
-        setattr(conn, _SERVER_ATTR, server)
+        setattr(conn, SESSION_ATTR, server)
     conn.settings_dict = settings
     conn.ensure_connection()
     return conn
@@ -49,7 +48,7 @@ def open_worker_connection(alias: str, pooled: bool = False, idle_limit: float =
 def _start_worker_session(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
     """Set the server's side of a worker connection as soon as it connects (a receiver, so a
     reconnect of the same wrapper gets it too). Every other connection has nothing to set."""
-    server: dict[str, str] | None = getattr(connection, _SERVER_ATTR, None)
+    server: dict[str, str] | None = getattr(connection, SESSION_ATTR, None)
     if not server:
         return
     driver(connection).start_worker_session(connection, server)

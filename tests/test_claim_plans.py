@@ -182,13 +182,34 @@ def explain_pg(text: str, params: Any) -> dict:
     return (json.loads(raw) if isinstance(raw, str) else raw)[0]
 
 
+def explain_generic(text: str, params: Any) -> dict:
+    """EXPLAIN ANALYZE of the statement's generic plan: prepared with $n parameters, run with
+    plan_cache_mode = force_generic_plan, as the worker's own connection runs its claims
+    (ox.db.postgresql.prepared). The plan is made without the parameters' values."""
+    assert "%%" not in text
+    pieces = text.split("%s")
+    numbered = pieces[0] + "".join(f"${i}{piece}" for i, piece in enumerate(pieces[1:], 1))
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+        try:
+            cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            cursor.execute(f"PREPARE ox_generic AS {numbered}")
+            marks = ", ".join(["%s"] * (len(pieces) - 1))
+            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE ox_generic({marks})", params)
+            raw = cursor.fetchone()[0]
+        finally:
+            cursor.execute("ROLLBACK")
+            cursor.execute("DEALLOCATE ALL")  # PREPARE is not undone by the rollback
+    return (json.loads(raw) if isinstance(raw, str) else raw)[0]
+
+
 def sort_bound(limit: int) -> int:
     return limit * len(QUEUES) * len(set(PRIORITIES) | set(LATER)) * 2
 
 
-def check_pg(name: str, text: str, params: Any, limit: int) -> tuple[int, list[str]]:
-    """(buffers touched, problems) of one statement."""
-    root = explain_pg(text, params)
+def check_pg(name: str, text: str, params: Any, limit: int, generic: bool = False) -> tuple[int, list[str]]:
+    """(buffers touched, problems) of one statement (generic: of its generic plan)."""
+    root = explain_generic(text, params) if generic else explain_pg(text, params)
     plan = root["Plan"]
     problems = []
     for node in nodes(plan):
@@ -226,6 +247,10 @@ def hot_paths(limit: int) -> dict[str, Callable[[], Any]]:
     }
 
 
+# The statements ox.db.postgresql.prepared runs as prepared statements with generic plans.
+PREPARED = ("claim one queue", "claim one queue, both kinds", "claim many queues", "complete and claim")
+
+
 def measure_all(limit: int) -> dict[str, tuple[int, list[str]]]:
     # The gate's PostgreSQL path sends its statements several to a query (ox.db.postgresql.gate),
     # which EXPLAIN cannot take: measure the same statements one at a time.
@@ -252,6 +277,12 @@ def _measure_all(limit: int) -> dict[str, tuple[int, list[str]]]:
             total += buffers
             problems += found
         out[name] = (total, problems)
+        if name in PREPARED:
+            # The worker's own connection runs these prepared, with generic plans: a plan made
+            # without knowing the time or the queues must not read the backlog either.
+            [(text, params)] = statements_of(call)
+            buffers, found = check_pg(f"{name} (generic plan)", text, params, limit, generic=True)
+            out[f"{name} (generic plan)"] = (buffers, found)
     return out
 
 

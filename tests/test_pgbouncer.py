@@ -21,7 +21,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
-from django.db import ProgrammingError
+from django.db import ProgrammingError, connections
 from django.db.models import Count
 from django.utils import timezone
 
@@ -319,12 +319,14 @@ def test_prepared_statements_through_pgbouncer_1_18_and_the_worker_connection(bo
     # session the pooler lent it, and the next client on that session fails, here already in
     # Django's connection setup (its SET TIME ZONE is prepared too): PgBouncer 1.18 does not
     # track prepared statements. What ox.W005 warns of.
+    # (Django's own connections here: a worker connection not told it is pooled turns
+    # psycopg's automatic preparing off, tests/test_prepared_claim.py.)
     risky = {"server_side_binding": True, "prepare_threshold": 0}
-    first = open_worker_connection(bouncer_alias(risky))
+    first = connections.create_connection(bouncer_alias(risky))
     try:
         assert prepared_after_repeats(first) > 0
         with pytest.raises(ProgrammingError, match=r'prepared statement "_pg3_0" already exists'):
-            second = open_worker_connection(bouncer_alias(risky))
+            second = connections.create_connection(bouncer_alias(risky))
             try:
                 prepared_after_repeats(second)
             finally:

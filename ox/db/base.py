@@ -20,6 +20,9 @@ from ox.db.walks import LEVEL_READY, Gate, distinct, levels_cte
 # a worker's lock_key, or one of the duties' keys (0: the rescuer).
 LOCK_NAMESPACE = 0x6F78  # "ox"
 RESCUER_KEY = 0
+# Where ox.connection records, on a worker connection's wrapper, the settings its server
+# session gets at every connect (None or absent: not a worker connection, or a pooled one).
+SESSION_ATTR = "ox_server_keepalives"
 
 # Constants stay in the text; the READY row's other columns take their model defaults.
 INSERT_COLUMNS = (

@@ -14,7 +14,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox.db.base import INSERT_COLUMNS, LOCK_NAMESPACE, LOST_TRACEBACK, RESCUER_KEY, SET_RUNNING, Driver, Held
 from ox.db.dialect import CHANNEL
-from ox.db.postgresql import health, join, session
+from ox.db.postgresql import health, join, prepared, session
 from ox.db.postgresql.claim import candidates_sql, claim_parts, complete_sql
 from ox.db.rows import CLAIM_COLUMNS, Claimed, Completion, NewTask, read_claimed, read_id
 from ox.db.walks import Gate
@@ -58,7 +58,7 @@ class PostgresDriver(Driver):
         gate: Gate = False,
     ) -> list[Claimed]:
         parts = claim_parts(worker_id, queues, limits, now, lease_expires_at, gate)
-        with conn.cursor() as cursor:
+        with prepared.cursor(conn) as cursor:
             cursor.execute(f"WITH {', '.join(parts.picks)} {parts.update}", [*parts.pick_params, *parts.update_params])
             return read_claimed(cursor.fetchall())
 
@@ -91,7 +91,7 @@ class PostgresDriver(Driver):
             f" SELECT true, {CLAIM_COLUMNS}, inputs FROM claimed"
             f" UNION ALL SELECT false, id, {nulls}, fence, NULL, NULL, NULL, NULL, NULL FROM done{woken}"
         )
-        with conn.cursor() as cursor:
+        with prepared.cursor(conn) as cursor:
             cursor.execute(sql, [*done_params, *join_params, *parts.pick_params, *parts.update_params])
             rows = cursor.fetchall()
         written = {(read_id(r[1]), int(r[12])) for r in rows if r[0] is False}

@@ -48,10 +48,13 @@ def candidates_sql(
         " FROM levels l WHERE l.priority IS NOT NULL"
         f") SELECT {columns} FROM levels l CROSS JOIN LATERAL ("
         f"SELECT t.id, t.run_after, t.queue, t.limit_key {ready} AND t.priority = l.priority AND t.run_after <= %s"
-        " ORDER BY t.run_after, t.id LIMIT %s) AS c"
-        " WHERE l.priority IS NOT NULL ORDER BY l.priority DESC, c.run_after, c.id LIMIT %s"
+        f" ORDER BY t.run_after, t.id LIMIT {int(k)}) AS c"
+        f" WHERE l.priority IS NOT NULL ORDER BY l.priority DESC, c.run_after, c.id LIMIT {int(limit)}"
     )
-    return sql, [*queues, *skip_params, now, k, limit]
+    # The limits are in the text, not parameters: the worker's claims are prepared with a
+    # generic plan (ox.db.postgresql.prepared), and a generic plan's LIMIT $n is estimated at
+    # a tenth of its input, here the backlog: a row count that turns the walk into scans.
+    return sql, [*queues, *skip_params, now]
 
 
 def pick_sql(flag: str, queues: Sequence[str], now: object, limit: int, gate: Gate = False) -> tuple[str, list[object]]:
@@ -61,7 +64,12 @@ def pick_sql(flag: str, queues: Sequence[str], now: object, limit: int, gate: Ga
     in claim order, skipping any another worker holds (SKIP LOCKED: workers never wait for
     each other, and a row taken meanwhile fails the status re-check). So a claim locks no
     more than it takes, and a concurrent claim is never kept from rows nobody will claim."""
-    k = candidates_per_level(limit)
+    # The candidates' bound rounded up to a power of two: it is in the statement's text (see
+    # candidates_sql), and the worker prepares each text it runs (ox.db.postgresql.prepared),
+    # so a limit that moves with the prefetch estimate must not make a new statement each time.
+    # What it takes stays exact: the last LIMIT is a parameter, its generic estimate bounded by
+    # the candidates' literal one.
+    k = 1 << (candidates_per_level(limit) - 1).bit_length()
     candidates, params = candidates_sql(flag, queues, now, k, k, gate=gate)
     sql = (
         f"SELECT w.id FROM ox_task w WHERE w.id IN ({candidates}) AND w.status = 'READY'"

@@ -26,6 +26,9 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ox.db.postgresql.prepared import GENERIC
+
+NEVER = 2**62  # executions before psycopg prepares a statement on its own
 KEEPALIVE_DEFAULTS = {"keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
 # libpq connection parameter -> the server's per-session setting of the same meaning.
 SERVER_SETTINGS = {
@@ -78,6 +81,13 @@ def worker_options(options: dict[str, Any], pooled: bool) -> dict[str, str] | No
     # it costs hundreds of milliseconds where running it costs one. (Behind a transaction
     # pooler: ALTER ROLE ... SET jit = off, docs/deployment.md.)
     server["jit"] = "off"
+    # The worker's claims are prepared and run with generic plans (ox.db.postgresql.prepared).
+    # psycopg prepares nothing else here on its own (a threshold never reached, rather than
+    # None, which would refuse the claims' explicit prepare too): with server_side_binding on,
+    # its automatic preparing would otherwise give every statement repeated five times the
+    # session's generic plans.
+    options["prepare_threshold"] = NEVER
+    server[GENERIC[0]] = GENERIC[1]
     return server
 
 

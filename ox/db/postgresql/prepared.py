@@ -1,0 +1,56 @@
+"""The worker's claims as prepared statements with generic plans, on its own connection.
+
+Planning the claim (a recursive walk, a LATERAL range scan, SKIP LOCKED, the UPDATE and its
+RETURNING) costs PostgreSQL about a millisecond, several times what running it costs on an
+idle or shallow queue; an idle worker woken by NOTIFY waits for that plan before its task
+starts. Prepared once per session with a generic plan, each claim after the first is run
+without planning. Generic, not PostgreSQL's default choice: its custom plans for this
+statement keep looking cheaper to it, so it would plan every claim again.
+
+Only on the worker's own connection (ox.connection), and only when no transaction pooler
+stands between it and the server (a prepared statement lives in one server session):
+ox.db.postgresql.session sets plan_cache_mode there, and turns off psycopg's automatic
+preparing, so nothing but these statements is prepared with that mode. Every other
+connection, and a pooled worker's, runs the same SQL unprepared through Django's cursor.
+
+The claim's text carries its limits as literals (ox.db.postgresql.claim), so the generic plan
+knows how many rows it reads; what stays a parameter is the time, the queues, the worker and
+its lease. tests/test_prepared_claim.py pins the generic plan's shape on a large backlog.
+"""
+
+from typing import Any
+
+import psycopg
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
+
+from ox.db.base import SESSION_ATTR
+
+# Set on the worker connection's server session (ox.db.postgresql.session) when it prepares.
+GENERIC = ("plan_cache_mode", "force_generic_plan")
+
+
+class _Prepared(psycopg.Cursor[Any]):
+    """A server-side binding cursor that prepares every statement it runs (psycopg keeps up
+    to prepared_max of them per connection, least recently used first out)."""
+
+    def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: Any = None) -> Any:
+        return super().execute(query, params, prepare=True, binary=binary)
+
+
+def prepares(conn: BaseDatabaseWrapper) -> bool:
+    """Whether this wrapper is a worker connection whose session runs generic plans."""
+    server: dict[str, str] | None = getattr(conn, SESSION_ATTR, None)
+    return bool(server) and server.get(GENERIC[0]) == GENERIC[1]
+
+
+def cursor(conn: BaseDatabaseWrapper) -> CursorWrapper:
+    """Django's cursor wrapper (query logging, execute_wrapper hooks and error translation
+    as for any cursor) around a preparing cursor where the session allows it."""
+    if not prepares(conn):
+        return conn.cursor()
+    conn.ensure_connection()
+    with conn.wrap_database_errors:
+        conn.validate_thread_sharing()
+        raw = _Prepared(conn.connection)
+        return conn.make_debug_cursor(raw) if conn.queries_logged else conn.make_cursor(raw)
