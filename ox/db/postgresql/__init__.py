@@ -58,9 +58,8 @@ class PostgresDriver(Driver):
         gate: Gate = False,
     ) -> list[Claimed]:
         parts = claim_parts(worker_id, queues, limits, now, lease_expires_at, gate)
-        with prepared.cursor(conn) as cursor:
-            cursor.execute(f"WITH {', '.join(parts.picks)} {parts.update}", [*parts.pick_params, *parts.update_params])
-            return read_claimed(cursor.fetchall())
+        text = f"WITH {', '.join(parts.picks)} {parts.update}"
+        return read_claimed(prepared.fetchall(conn, text, [*parts.pick_params, *parts.update_params]))
 
     def complete_and_claim(
         self,
@@ -91,9 +90,7 @@ class PostgresDriver(Driver):
             f" SELECT true, {CLAIM_COLUMNS}, inputs FROM claimed"
             f" UNION ALL SELECT false, id, {nulls}, fence, NULL, NULL, NULL, NULL, NULL FROM done{woken}"
         )
-        with prepared.cursor(conn) as cursor:
-            cursor.execute(sql, [*done_params, *join_params, *parts.pick_params, *parts.update_params])
-            rows = cursor.fetchall()
+        rows = prepared.fetchall(conn, sql, [*done_params, *join_params, *parts.pick_params, *parts.update_params])
         written = {(read_id(r[1]), int(r[12])) for r in rows if r[0] is False}
         return written, read_claimed(r[1:] for r in rows if r[0])
 

@@ -18,9 +18,11 @@ knows how many rows it reads; what stays a parameter is the time, the queues, th
 its lease. tests/test_prepared_claim.py pins the generic plan's shape on a large backlog.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+from django.db import DataError, IntegrityError, NotSupportedError, ProgrammingError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 
@@ -28,6 +30,11 @@ from ox.db.base import SESSION_ATTR
 
 # Set on the worker connection's server session (ox.db.postgresql.session) when it prepares.
 GENERIC = ("plan_cache_mode", "force_generic_plan")
+# "cached plan must not change result type": a table the statement returns from changed a
+# column's type since the statement was prepared (a migration run beside live workers).
+RESULT_CHANGED = "0A000"
+# Errors after which the session itself is still usable (a refused value, a changed table).
+_REFUSED = (DataError, IntegrityError, NotSupportedError, ProgrammingError)
 
 
 class _Prepared(psycopg.Cursor[Any]):
@@ -54,3 +61,35 @@ def cursor(conn: BaseDatabaseWrapper) -> CursorWrapper:
         conn.validate_thread_sharing()
         raw = _Prepared(conn.connection)
         return conn.make_debug_cursor(raw) if conn.queries_logged else conn.make_cursor(raw)
+
+
+def fetchall(conn: BaseDatabaseWrapper, text: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
+    """Run the statement, prepared where the session allows, and return its rows.
+
+    psycopg forgets a statement whose first run failed without closing it on the server, and
+    keeps one that failed later: run again, a statement whose table changed type under it fails
+    the same way every time (the worker would stop claiming until restarted). So after an
+    error that leaves the session usable, every prepared statement goes (DEALLOCATE ALL, which
+    psycopg sees and forgets its own), and one that failed only because its table changed is
+    run once more, prepared anew. Inside a transaction the caller's rollback does the same
+    (psycopg forgets its prepared statements on every rollback)."""
+    if not prepares(conn):
+        with conn.cursor() as plain:
+            plain.execute(text, params)
+            return plain.fetchall()
+    try:
+        return _run(conn, text, params)
+    except _REFUSED as exc:
+        if conn.in_atomic_block or not conn.get_autocommit():
+            raise
+        with conn.cursor() as plain:
+            plain.execute("DEALLOCATE ALL")
+        if getattr(exc.__cause__, "sqlstate", None) != RESULT_CHANGED:
+            raise
+    return _run(conn, text, params)
+
+
+def _run(conn: BaseDatabaseWrapper, text: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
+    with cursor(conn) as prepared:
+        prepared.execute(text, params)
+        return prepared.fetchall()
