@@ -34,8 +34,17 @@ class Proc:
 def spawn(argv: Sequence[str], env: dict[str, str], log: Path, label: str, cwd: Path) -> Proc:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
+        # A process group of its own: a peer whose supervisor forks workers (dj-queue) leaves
+        # them running when the supervisor alone is killed, each holding connections (37 such
+        # orphans once used up the server's max_connections for the cells after them).
         popen = subprocess.Popen(  # noqa: S603  (our own interpreter and module)
-            list(argv), env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            list(argv),
+            env=env,
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     return Proc(popen=popen, log=log, label=label)
 
@@ -131,7 +140,8 @@ def wait_idle(
 
 
 def stop(procs: Iterable[Proc], grace: float = 15.0) -> None:
-    """SIGTERM each (its own pid), wait up to `grace`, then SIGKILL the stragglers."""
+    """SIGTERM each (its own pid), wait up to `grace`, then SIGKILL the stragglers and what
+    is left in their process groups."""
     procs = list(procs)
     for proc in procs:
         if proc.alive():
@@ -142,15 +152,24 @@ def stop(procs: Iterable[Proc], grace: float = 15.0) -> None:
             proc.popen.wait(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
             kill(proc)
+        try:  # what its exit left behind in its process group (spawn)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def kill(proc: Proc) -> None:
-    """SIGKILL one process we started, and the descendants we saw it start."""
+    """SIGKILL one process we started, the descendants we saw it start, and whatever else is
+    left in the process group it leads (descendants forked after we last looked)."""
     for pid in [proc.pid, *proc.children]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # spawn() made proc.pid the group's leader
+    except (ProcessLookupError, PermissionError):
+        pass
     try:
         proc.popen.wait(timeout=10)
     except subprocess.TimeoutExpired:

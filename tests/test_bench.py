@@ -298,3 +298,43 @@ def test_fast_fill_writes_distinct_ready_rows():
     assert {(r[1], r[2]) for r in rows} == {("READY", "bench.tasks.noop")}
     with pytest.raises(RuntimeError, match="empty table"):
         arm.fill_fast(scale.noop, 10)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited; only its entry waits for its parent
+
+
+def test_kill_and_stop_take_descendants_forked_after_the_last_look(tmp_path):
+    # A supervisor that forks its workers (dj-queue): killed alone, its children lived on as
+    # orphans holding database connections. spawn() gives each process a group of its own,
+    # and kill() and stop() end the whole group.
+    import sys
+    import time
+
+    script = (
+        "import os, sys, time\n"
+        "for _ in range(2):\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(60); sys.exit(0)\n"
+        "time.sleep(60)\n"
+    )
+    for end in (procs.kill, lambda p: procs.stop([p], grace=0.5)):
+        proc = procs.spawn([sys.executable, "-c", script], dict(os.environ), tmp_path / "log", "fork", tmp_path)
+        deadline = time.monotonic() + 10
+        children: list[int] = []
+        while len(children) < 2 and time.monotonic() < deadline:
+            found = open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()
+            children = [int(c) for c in found]
+            time.sleep(0.05)
+        assert len(children) == 2
+        assert not proc.children  # never sampled: only the process group finds them
+        end(proc)
+        deadline = time.monotonic() + 10
+        while any(_alive(c) for c in children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(c) for c in children)
+        assert not proc.alive()
