@@ -51,11 +51,9 @@ def prepares(conn: BaseDatabaseWrapper) -> bool:
     return bool(server) and server.get(GENERIC[0]) == GENERIC[1]
 
 
-def cursor(conn: BaseDatabaseWrapper) -> CursorWrapper:
+def _cursor(conn: BaseDatabaseWrapper) -> CursorWrapper:
     """Django's cursor wrapper (query logging, execute_wrapper hooks and error translation
-    as for any cursor) around a preparing cursor where the session allows it."""
-    if not prepares(conn):
-        return conn.cursor()
+    as for any cursor) around a preparing cursor (for a session that prepares: fetchall)."""
     conn.ensure_connection()
     with conn.wrap_database_errors:
         conn.validate_thread_sharing()
@@ -90,6 +88,6 @@ def fetchall(conn: BaseDatabaseWrapper, text: str, params: Sequence[object]) -> 
 
 
 def _run(conn: BaseDatabaseWrapper, text: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
-    with cursor(conn) as prepared:
+    with _cursor(conn) as prepared:
         prepared.execute(text, params)
         return prepared.fetchall()
