@@ -7,16 +7,19 @@ The worker runs these on its own long-lived connection (ox.connection). Timestam
 the worker's clock and are passed in, so every database compares like with like.
 """
 
+import functools
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox.db import driver
 from ox.db.base import HELD_FINISHED, LOCK_NAMESPACE, LOST_TRACEBACK, RESCUER_KEY, UNIQUE_HELD, Held
+from ox.db.dialect import DEADLOCK_TRIES, after_deadlock, runs_again
 from ox.db.rows import CLAIM_COLUMNS, Claimed, Completion, Failure, NewTask, WorkerRow
 from ox.db.walks import Gate
 
@@ -34,6 +37,37 @@ __all__ = [
     "NewTask",
     "WorkerRow",
 ]
+
+
+_RUNS_AGAIN = "_ox_runs_again"  # set on a connection while again_on_deadlock runs a write on it
+
+
+def again_on_deadlock[**P, R](fn: Callable[P, R]) -> Callable[P, R]:
+    """Run a write that locks rows again when the database picked its transaction as a
+    deadlock victim (InnoDB rolled all of it back, so nothing of it was written; its locks on
+    index records are the database's to order, not ox's). Only where ox's transaction is the
+    outermost: inside the caller's atomic() the caller's work was rolled back too, and the
+    error is raised. The first argument is the connection."""
+
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        conn: Any = args[0]
+        if not runs_again(conn) or getattr(conn, _RUNS_AGAIN, False):
+            return fn(*args, **kwargs)  # the outer call runs it again (or the caller's atomic())
+        setattr(conn, _RUNS_AGAIN, True)
+        try:
+            for attempt in range(DEADLOCK_TRIES - 1):
+                try:
+                    return fn(*args, **kwargs)
+                except DatabaseError as exc:
+                    if not driver(conn).deadlocked(exc):
+                        raise
+                    after_deadlock(attempt)
+            return fn(*args, **kwargs)
+        finally:
+            setattr(conn, _RUNS_AGAIN, False)
+
+    return run
 
 
 @contextmanager
@@ -63,6 +97,7 @@ def claim(
     return driver(conn).claim(conn, worker_id, queues, limits, now, lease_expires_at, gate)
 
 
+@again_on_deadlock
 def complete_and_claim(
     conn: BaseDatabaseWrapper,
     done: Sequence[Completion],
@@ -90,6 +125,7 @@ def complete_and_claim(
     return written, claimed
 
 
+@again_on_deadlock
 def complete(conn: BaseDatabaseWrapper, done: Sequence[Completion]) -> set[Held]:
     """Mark tasks SUCCESSFUL in one statement; returns the claims written (the rest were
     fenced out). A workflow's tasks among them count their followers down in the same
@@ -112,6 +148,7 @@ def _join(conn: BaseDatabaseWrapper, cursor: Any, done: Sequence[Completion], wr
         join.succeeded(conn, cursor, ended, max(c.finished_at for c in done))
 
 
+@again_on_deadlock
 def fail(conn: BaseDatabaseWrapper, failure: Failure) -> str | None:
     """Record a failed attempt and send the task back to READY (retry_at) or to its final
     status; a cancel requested while it ran ends it CANCELLED instead of a retry. Returns
@@ -150,6 +187,7 @@ def renew(
     return driver(conn).renew(conn, held, lease_expires_at) if held else {}
 
 
+@again_on_deadlock
 def hand_back(conn: BaseDatabaseWrapper, held: Sequence[Held], now: datetime, flows: Sequence[uuid.UUID] = ()) -> int:
     """Return claimed-but-unstarted tasks to READY without spending an attempt (CANCELLED if
     a cancel was requested meanwhile). flows: those of them that are a workflow's tasks."""

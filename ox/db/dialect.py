@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, ClassVar
 
+from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 logger = logging.getLogger("ox")
@@ -22,6 +23,16 @@ _OPEN = "_ox_transaction_open"
 CHANNEL = "ox_task"  # PostgreSQL: the enqueue trigger's (migrations 0005, 0010, 0012)
 _AFTER = "_ox_after_commit"  # key -> what runs once that transaction commits
 _ON_COMMIT = "_ox_on_commit"  # (key, savepoint level) -> what was last given to Django's on_commit
+
+
+DEADLOCK_TRIES = 10  # runs of a deadlock victim's transaction, at most (ox.sql, ox.db.mysql)
+
+
+def runs_again(conn: BaseDatabaseWrapper) -> bool:
+    """Whether a transaction ox opens on this connection now would be the outermost: a
+    deadlock victim's is then ox's to run again. Inside the caller's atomic() or another of
+    ox's transactions the victim's work is the outer transaction's, and goes with it."""
+    return not conn.in_atomic_block and not getattr(conn, _OPEN, False)
 
 
 def after_deadlock(attempt: int) -> None:
@@ -167,7 +178,13 @@ class Dialect:
             except BaseException:
                 setattr(conn, _OPEN, False)
                 conn.__dict__.pop(_AFTER, None)
-                cursor.execute("ROLLBACK TO SAVEPOINT ox_sql" if nested else "ROLLBACK")
+                try:
+                    cursor.execute("ROLLBACK TO SAVEPOINT ox_sql" if nested else "ROLLBACK")
+                except DatabaseError:
+                    # The server already ended the transaction (InnoDB rolls back all of a
+                    # deadlock victim's, savepoints and all) or the session is gone: the
+                    # error that got here is the one to raise, not the rollback's.
+                    pass
                 raise
             setattr(conn, _OPEN, False)
             try:

@@ -112,6 +112,7 @@ def _key_rates(conn: BaseDatabaseWrapper, pairs: set[tuple[str, str]]) -> dict[t
     return out
 
 
+@sql.again_on_deadlock
 def claim_limited(
     conn: BaseDatabaseWrapper,
     worker_id: str,

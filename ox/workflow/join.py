@@ -5,8 +5,9 @@ does (then the task is rescued and run again, and its success counts then).
 
 A follower's `waiting` counts the tasks it still waits for. Each end marks its edges done
 (copying its result onto them) and counts its followers down, their rows locked in id order
-(two workers ending members of the same groups take the locks in one order: no deadlock). The
-one transaction that counts a follower to 0 makes it READY; a follower's lock makes every
+(two workers ending members of the same groups take the locks in one order, so one waits for
+the other; a deadlock InnoDB still finds on index records is run again:
+ox.sql.again_on_deadlock). The one transaction that counts a follower to 0 makes it READY; a follower's lock makes every
 other wait for it and then see the lower count, so a group's callback is made READY once,
 however many workers end its members at the same moment."""
 

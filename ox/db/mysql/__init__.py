@@ -18,7 +18,7 @@ from django.db import IntegrityError, OperationalError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox.db.base import LOST_TRACEBACK, Held
-from ox.db.dialect import after_deadlock
+from ox.db.dialect import DEADLOCK_TRIES, after_deadlock
 from ox.db.mysql import charset, health, session, wake
 from ox.db.mysql.claim import MysqlClaims
 from ox.db.mysql.locks import listen_lock_name, lock_name, lock_prefix, take_lock
@@ -37,9 +37,6 @@ _HELD = (
     "JSON_TABLE(%s, '$[*]' COLUMNS (id CHAR(36) PATH '$[0]', fence BIGINT PATH '$[1]',"
     " st DATETIME(6) PATH '$[2]')) AS v"
 )
-
-
-DEADLOCK_TRIES = 10
 
 
 class MysqlDriver(MysqlClaims):
