@@ -187,19 +187,24 @@ def renew(
     return driver(conn).renew(conn, held, lease_expires_at) if held else {}
 
 
-@again_on_deadlock
 def hand_back(conn: BaseDatabaseWrapper, held: Sequence[Held], now: datetime, flows: Sequence[uuid.UUID] = ()) -> int:
     """Return claimed-but-unstarted tasks to READY without spending an attempt (CANCELLED if
     a cancel was requested meanwhile). flows: those of them that are a workflow's tasks."""
     if not held:
         return 0
-    count = driver(conn).hand_back(conn, held, now)
+    count = _hand_back_rows(conn, held, now)
     if flows:
         # A cancel requested meanwhile ended it CANCELLED here, where no join saw it: its
         # followers (and its on-failure task) are joined now, not at the repair sweep. Only
         # when workflow tasks went back: a plain hand-back stays one statement.
         _workflow_join().ended_badly_where(conn, flows, now)
     return count
+
+
+@again_on_deadlock
+def _hand_back_rows(conn: BaseDatabaseWrapper, held: Sequence[Held], now: datetime) -> int:
+    # Its own transaction, run again alone: the joins after it are each in one of their own.
+    return driver(conn).hand_back(conn, held, now)
 
 
 def attempt_history(conn: BaseDatabaseWrapper, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[tuple[str, str, str]]]:

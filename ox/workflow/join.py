@@ -24,6 +24,7 @@ from ox.db import driver
 from ox.db.dialect import CHANNEL
 from ox.db.rows import read_id
 from ox.ids import uuid7
+from ox.sql import again_on_deadlock
 
 FINISHED = ("SUCCESSFUL", "FAILED", "CANCELLED")
 
@@ -251,5 +252,10 @@ def ended_badly_where(conn: BaseDatabaseWrapper, ids: Sequence[uuid.UUID], now: 
         )
         found = [(read_id(r[0]), r[1]) for r in cursor.fetchall()]
     for task_id, status in found:
-        with d.transaction(conn) as cursor:
-            ended_badly(conn, cursor, task_id, status, now)
+        _end_badly_alone(conn, task_id, status, now)
+
+
+@again_on_deadlock
+def _end_badly_alone(conn: BaseDatabaseWrapper, task_id: uuid.UUID, status: str, now: datetime) -> None:
+    with driver(conn).transaction(conn) as cursor:
+        ended_badly(conn, cursor, task_id, status, now)
