@@ -54,8 +54,8 @@ def again_on_deadlock[**P, R](fn: Callable[P, R]) -> Callable[P, R]:
         conn: Any = args[0]
         if not runs_again(conn) or getattr(conn, _RUNS_AGAIN, False):
             return fn(*args, **kwargs)  # the outer call runs it again (or the caller's atomic())
-        setattr(conn, _RUNS_AGAIN, True)
         try:
+            setattr(conn, _RUNS_AGAIN, True)
             for attempt in range(DEADLOCK_TRIES - 1):
                 try:
                     return fn(*args, **kwargs)

@@ -13,6 +13,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import OperationalError, connection, transaction
+from django.db.transaction import TransactionManagementError
 
 import ox
 from ox import clock, sql
@@ -141,17 +142,27 @@ def test_inside_the_callers_atomic_the_victim_is_raised():
 
     thread = threading.Thread(target=ask_for_first, daemon=True)
     thread.start()
+    refused_after = False
     try:
         with transaction.atomic():
             now = clock.db_now(connection)
             done = [sql.Completion(first.id, first.fence, json.dumps(3), now, now, True)]
-            sql.complete(connection, done)
-    except OperationalError as exc:
-        errors.append(exc)
+            try:
+                sql.complete(connection, done)
+            except OperationalError as exc:
+                errors.append(exc)
+            # The caller caught it and goes on inside its atomic(): its transaction is gone
+            # (InnoDB rolled all of it back), so Django must refuse to write on in it.
+            try:
+                Ledger.objects.create(key="after", pid=0)
+            except TransactionManagementError:
+                refused_after = True
     finally:
         thread.join(30)
         other.rollback()
         other.close()
     assert len(errors) == 1 and errors[0].args[0] == 1213, errors
+    assert refused_after
+    assert not Ledger.objects.exists()
     assert Task.objects.get(pk=first.id).status == Status.RUNNING
     assert Task.objects.get(pk=child).waiting == 1

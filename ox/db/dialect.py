@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, ClassVar
 
-from django.db import DatabaseError
+from django.db import Error
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 logger = logging.getLogger("ox")
@@ -180,11 +180,17 @@ class Dialect:
                 conn.__dict__.pop(_AFTER, None)
                 try:
                     cursor.execute("ROLLBACK TO SAVEPOINT ox_sql" if nested else "ROLLBACK")
-                except DatabaseError:
+                except Error:
                     # The server already ended the transaction (InnoDB rolls back all of a
                     # deadlock victim's, savepoints and all) or the session is gone: the
-                    # error that got here is the one to raise, not the rollback's.
-                    pass
+                    # error that got here is the one to raise, not the rollback's. Inside
+                    # the caller's atomic() Django must not write on in it (its start is
+                    # gone); on our own, a session whose ROLLBACK failed is closed, so that
+                    # no transaction of it stays open for the next statement to commit.
+                    if nested:
+                        conn.needs_rollback = True
+                    else:
+                        conn.close()
                 raise
             setattr(conn, _OPEN, False)
             try:

@@ -112,7 +112,6 @@ def _key_rates(conn: BaseDatabaseWrapper, pairs: set[tuple[str, str]]) -> dict[t
     return out
 
 
-@sql.again_on_deadlock
 def claim_limited(
     conn: BaseDatabaseWrapper,
     worker_id: str,
@@ -138,6 +137,21 @@ def claim_limited(
             _none, gated = _claim_fast(fast, conn, worker_id, limits, names, demand, now, lease_expires_at, ())
             return written, gated
         return _claim_fast(fast, conn, worker_id, limits, names, demand, now, lease_expires_at, done)
+    return _claim_locked(conn, worker_id, limits, names, demand, now, lease_expires_at, done)
+
+
+@sql.again_on_deadlock
+def _claim_locked(
+    conn: BaseDatabaseWrapper,
+    worker_id: str,
+    limits: dict[str, QueueLimits],
+    names: list[str],
+    demand: tuple[int, int],
+    now: datetime,
+    lease_expires_at: datetime,
+    done: Sequence[sql.Completion],
+) -> tuple[set[tuple[uuid.UUID, int]], Gated]:
+    """The gate's claim in one transaction (run again whole if it is a deadlock victim)."""
     # The count after the lock must see what the last holder committed, whatever the
     # database's default isolation (a REPEATABLE READ snapshot predates the lock).
     with driver(conn).transaction(conn, read_committed=True):
