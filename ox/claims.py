@@ -86,7 +86,7 @@ class Claims:
         # Finished tasks ride on the claim: one round trip, one commit for both.
         w.completer.flush_failures(w.conn)
         done = w.completer.take_successes()
-        w.flow.refresh(w.conn)
+        w.flow.refresh(w.conn, claiming=True)
         w.leases.give_back_if_tightened()  # before the claim: what it set aside goes back first
         try:
             written, claimed, filled = self._claim_rows(done, (sync_limit, async_limit), now, lease)

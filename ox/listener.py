@@ -30,7 +30,7 @@ class Listener:
     been enqueued: the driver's way (ox.db.dialect.Dialect.listen). `lock_key`: the worker's
     (MariaDB names the listener's session after it)."""
 
-    def __init__(self, alias: str, wake: Callable[[], None], queues: Collection[str] = (), lock_key: int = 0) -> None:
+    def __init__(self, alias: str, wake: Callable[..., None], queues: Collection[str] = (), lock_key: int = 0) -> None:
         self.alias = alias
         self.wake = wake
         self.queues = frozenset(queues)

@@ -109,6 +109,7 @@ class Worker:
         self.slots = SlotKeeper(self.id, self.local, self._resume, self._give_back_parked)
         self.idle = IdleMark(self)
         self.notified = threading.Event()  # a wake-up from the listener is already queued
+        self.state_notified = threading.Event()  # one may say a queue's state changed
         self.start_seen = threading.Event()  # a _STARTED is already queued
 
     # ---------------------------------------------------------------- life cycle
@@ -190,8 +191,10 @@ class Worker:
             ),
         )
 
-    def _on_notify(self) -> None:
+    def _on_notify(self, enqueued: bool = False) -> None:
         # Called from the listener thread; a burst of enqueues queues one wake-up, not many.
+        if not enqueued:
+            self.state_notified.set()  # before the wake-up: the loop reads it after its clear
         if not self.notified.is_set():
             self.notified.set()
             self.outcomes.put(_NOTIFIED)
@@ -361,7 +364,10 @@ class Worker:
                 self.idle.woken = True
                 self.more_waiting = True
                 self.next_async_probe = 0.0  # what was enqueued may be async
-                self.flow.woken()
+                state = self.state_notified.is_set()
+                if state:  # one set after this look queues a wake-up of its own
+                    self.state_notified.clear()
+                self.flow.woken(state)
                 if min(self.claims.limits(probe=False)) == 0:
                     self.idle.notified_while_full = True  # claim again as soon as a slot frees
             elif item is _STARTED:

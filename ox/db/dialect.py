@@ -21,6 +21,9 @@ logger = logging.getLogger("ox")
 # Set on a connection while one of ox's own transactions is open on it (Dialect.transaction).
 _OPEN = "_ox_transaction_open"
 CHANNEL = "ox_task"  # PostgreSQL: the enqueue trigger's (migrations 0005, 0010, 0012)
+# PostgreSQL: a payload of this mark and a queue name says the queue's state changed (paused,
+# resumed, limits set), not that a task was enqueued (ox.flow.queues, Dialect.notify_state).
+STATE_MARK = "\x1e"
 _AFTER = "_ox_after_commit"  # key -> what runs once that transaction commits
 _ON_COMMIT = "_ox_on_commit"  # (key, savepoint level) -> what was last given to Django's on_commit
 
@@ -131,6 +134,11 @@ class Dialect:
         """Wake the idle workers of queue `payload` once the open transaction commits (where
         the database can; elsewhere workers poll)."""
 
+    def notify_state(self, cursor: Any, queue: str) -> None:
+        """Wake the idle workers of `queue`: its pause or limits changed, so each reads its
+        queues' state again before it claims (an enqueue's wake-up lets the claim go first)."""
+        self.notify(cursor, CHANNEL, queue)
+
     def notify_idle(self, cursor: Any, channel: str, payload: str) -> None:
         """notify(), where a worker has marked itself idle (ox.idle): a busy one needs none."""
         self.notify(cursor, channel, payload)
@@ -140,13 +148,15 @@ class Dialect:
         conn: BaseDatabaseWrapper,
         lock_key: int,
         queues: frozenset[str],
-        wake: Callable[[], None],
+        wake: Callable[..., None],
         stopped: threading.Event,
         ready: Callable[[], None],
     ) -> None:
         """On this session of its own, call `ready` once listening, then `wake` whenever
         tasks of `queues` may have been enqueued, until `stopped` (ox.listener; only where
-        `notifies`). Raises what the session raises: the listener reconnects."""
+        `notifies`): `wake(enqueued=True)` where the wake-up is known to be an enqueue's, a
+        plain `wake()` where it may also be a queue's state change. Raises what the session
+        raises: the listener reconnects."""
         raise NotImplementedError(f"{self.vendor}: workers poll")
 
     def begin_read_committed(self) -> list[str]:

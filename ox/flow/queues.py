@@ -37,7 +37,7 @@ def _notify(using: str, name: str) -> None:
 
     def send() -> None:
         with connections[using].cursor() as cursor:
-            driver(connections[using]).notify(cursor, "ox_task", name)
+            driver(connections[using]).notify_state(cursor, name)
 
     transaction.on_commit(send, using=using)
 

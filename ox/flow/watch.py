@@ -1,6 +1,7 @@
 """What a worker knows of its queues' flow control: which are limited (the settings' LIMITS
-with the run-time overrides read from ox_queue at most a second ago, or at once on a NOTIFY),
-and which the last gate held back and until when.
+with the run-time overrides read from ox_queue at most a second ago, or at once on a NOTIFY
+that says a queue's state changed; after an enqueue's NOTIFY the claim goes before a read that
+is due), and which the last gate held back and until when.
 
 A worker with any limited queue claims all its queues through the gate (ox.flow.gate), the
 unlimited ones with no limits: one ordering by priority over everything it serves, so a
@@ -26,6 +27,7 @@ class FlowWatch:
         self.paused: set[str] = set()  # as read at the last refresh
         self._set({q: settings[q] for q in self.queues if q in settings and settings[q].any})
         self.next_refresh = 0.0
+        self.claim_first = False  # woken by an enqueue: the next claim before a due read
         self.blocked: dict[str, str] = {}  # queue -> reason, from the last gate
         self.wake_at: dict[str, float] = {}  # queue -> epoch seconds: look again then (rates)
         self.hold_until: dict[str, float] = {}  # queue -> epoch seconds: its rate allows nothing before
@@ -39,7 +41,12 @@ class FlowWatch:
         self.explicit = set(limited)  # the queues with limits of their own (or the limited flag)
         self.limits = {q: limited.get(q, QueueLimits()) for q in self.queues} if limited else {}
 
-    def refresh(self, conn: Any, force: bool = False) -> None:
+    def refresh(self, conn: Any, force: bool = False, claiming: bool = False) -> None:
+        """Read the queues' state if a read is due. `claiming`: right before a claim, which
+        goes first once after an enqueue's wake-up (woken)."""
+        if claiming and self.claim_first:
+            self.claim_first = False
+            return
         now = time.monotonic()
         if not force and now < self.next_refresh:
             return
@@ -127,9 +134,16 @@ class FlowWatch:
         else:
             self.blocked[queue] = CONCURRENCY
 
-    def woken(self) -> None:
-        """A NOTIFY: a task was enqueued, or a queue resumed or its limits changed."""
-        self.next_refresh = 0.0
+    def woken(self, state: bool = True) -> None:
+        """A NOTIFY: a task was enqueued, or (`state`) a queue may have been paused or
+        resumed, or its limits changed: then the state is read again before the claim. After
+        an enqueue's the claim goes first (the read due, if any, waits for the next claim:
+        the claim's own statement skips paused queues and those limited at run time, so a
+        late read only delays a change of route, never breaks a pause or a limit)."""
+        if state:
+            self.next_refresh, self.claim_first = 0.0, False
+        else:
+            self.claim_first = True
         self.blocked.clear()
         self.wake_at.clear()
         self.hold_until.clear()

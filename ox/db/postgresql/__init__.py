@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox.db.base import INSERT_COLUMNS, LOCK_NAMESPACE, LOST_TRACEBACK, RESCUER_KEY, SET_RUNNING, Driver, Held
-from ox.db.dialect import CHANNEL
+from ox.db.dialect import CHANNEL, STATE_MARK
 from ox.db.postgresql import health, join, prepared, session
 from ox.db.postgresql.claim import candidates_sql, claim_parts, complete_sql
 from ox.db.rows import CLAIM_COLUMNS, Claimed, Completion, NewTask, read_claimed, read_id
@@ -106,6 +106,9 @@ class PostgresDriver(Driver):
         cursor.execute(join.SUCCEEDED, join.succeeded_params(results, now, channel))
         return sum(int(r[1]) for r in cursor.fetchall())
 
+    def notify_state(self, cursor: Any, queue: str) -> None:
+        self.notify(cursor, CHANNEL, STATE_MARK + queue)
+
     def notify_idle(self, cursor: Any, channel: str, payload: str) -> None:
         # One statement: the NOTIFY only if a running worker is marked idle (ox_worker_idle).
         cursor.execute(
@@ -118,21 +121,28 @@ class PostgresDriver(Driver):
         conn: BaseDatabaseWrapper,
         lock_key: int,
         queues: frozenset[str],
-        wake: Callable[[], None],
+        wake: Callable[..., None],
         stopped: threading.Event,
         ready: Callable[[], None],
     ) -> None:
         """LISTEN on the enqueue trigger's channel. A notification naming another queue
         (migration 0010's payload) is dropped here, so it costs the worker no claim; an empty
-        payload (0005's trigger, or a manual NOTIFY ox_task) wakes it whatever the queue."""
+        payload (0005's trigger, or a manual NOTIFY ox_task) wakes it whatever the queue. A
+        queue's name alone is an enqueue (`wake(enqueued=True)`: the claim need not read the
+        queues' state first); with STATE_MARK before it, that queue's state changed."""
         raw = conn.connection
         raw.execute(f"LISTEN {CHANNEL}")
         ready()
         while not stopped.is_set():
             # Ends after `timeout` s without a notification, to look at `stopped`.
             for note in raw.notifies(timeout=1.0, stop_after=1):
-                if not queues or not note.payload or note.payload in queues:
+                text = note.payload
+                # A payload that may be either (a queue named with the mark) counts as a
+                # state change: reading the state once more is the safe side.
+                if text.startswith(STATE_MARK) and (not queues or text[1:] in queues):
                     wake()
+                elif not queues or not text or text in queues:
+                    wake(enqueued=bool(text))
 
     def ready_rows(
         self, conn: BaseDatabaseWrapper, queues: Sequence[str], flag: int, now: datetime, limit: int, columns: str
