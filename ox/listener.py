@@ -30,9 +30,19 @@ class Listener:
     been enqueued: the driver's way (ox.db.dialect.Dialect.listen). `lock_key`: the worker's
     (MariaDB names the listener's session after it)."""
 
-    def __init__(self, alias: str, wake: Callable[..., None], queues: Collection[str] = (), lock_key: int = 0) -> None:
+    def __init__(
+        self,
+        alias: str,
+        wake: Callable[[], None],
+        queues: Collection[str] = (),
+        lock_key: int = 0,
+        on_enqueue: Callable[[], None] | None = None,
+    ) -> None:
         self.alias = alias
         self.wake = wake
+        # Called instead of `wake` where the wake-up is known to be an enqueue's (not a
+        # queue's state change): the worker then claims before reading its queues' state.
+        self.on_enqueue = on_enqueue
         self.queues = frozenset(queues)
         self.lock_key = lock_key
         self.stopped = threading.Event()
@@ -55,13 +65,19 @@ class Listener:
                 conn = open_worker_connection(self.alias)
                 try:
                     conn.ensure_connection()
-                    driver(conn).listen(conn, self.lock_key, self.queues, self.wake, self.stopped, self._ready)
+                    driver(conn).listen(conn, self.lock_key, self.queues, self._heard, self.stopped, self._ready)
                 finally:
                     conn.close()
             except Exception as exc:  # noqa: BLE001  (the poll still works; retry quietly)
                 logger.info("listener session lost (%s); polling until it is back", exc)
                 self.stopped.wait(self.delay)
                 self.delay = min(self.delay * 2, 10.0)
+
+    def _heard(self, enqueued: bool = False) -> None:
+        if enqueued and self.on_enqueue is not None:
+            self.on_enqueue()
+        else:
+            self.wake()
 
     def _ready(self) -> None:
         """The session listens: what is enqueued from now on wakes the worker. What was

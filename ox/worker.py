@@ -160,7 +160,9 @@ class Worker:
         self.sync.route = self.aio.route = self._resume
         listen_alias = self.options.listen_alias(self.alias)
         if listen_alias is not None and Listener.available(listen_alias):
-            self.listener = Listener(listen_alias, self._on_notify, self.settings.queues, self.lock_key)
+            self.listener = Listener(
+                listen_alias, self._on_notify, self.settings.queues, self.lock_key, on_enqueue=self._on_enqueue
+            )
             self.listener.start()
         event(
             logger,
@@ -190,6 +192,9 @@ class Worker:
                 now=clock.db_now(self.conn),
             ),
         )
+
+    def _on_enqueue(self) -> None:
+        self._on_notify(enqueued=True)
 
     def _on_notify(self, enqueued: bool = False) -> None:
         # Called from the listener thread; a burst of enqueues queues one wake-up, not many.
