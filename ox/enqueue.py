@@ -82,20 +82,27 @@ def with_flow(task: DjangoTask, row: sql.NewTask, now: datetime) -> sql.NewTask:
 UNIQUE_TRIES = 10
 
 
-def insert_or_find(conn: Any, row: sql.NewTask) -> "uuid.UUID | None":
+def insert_or_find(conn: Any, row: sql.NewTask, prepare: bool = False) -> "uuid.UUID | None":
     """Insert the row; for a unique one whose key is held, the holder's id instead (None:
-    inserted)."""
+    inserted). `prepare`: see prepares()."""
     if row.unique_key is None:
-        sql.insert_tasks(conn, [row])
+        sql.insert_tasks(conn, [row], prepare)
         return None
     for _try in range(UNIQUE_TRIES):
-        if sql.insert_unique(conn, row):
+        if sql.insert_unique(conn, row, prepare):
             return None
         holder = sql.holder_of(conn, row.unique_key)
         if holder is not None:
             return holder
         # The holder finished (or was pruned) between the INSERT and the SELECT: go again.
     raise DatabaseError(f"could not enqueue {row.task_path}: its unique key kept changing hands")
+
+
+def prepares(backend: "OxBackend") -> bool:
+    """Whether one call's INSERT may be a prepared statement on the producer's connection:
+    unless a transaction pooler is in the way (POOLER), which would hand the statement's
+    server session to another client (ox.db.postgresql.prepared.write; PostgreSQL only)."""
+    return not backend.config.pooled
 
 
 def duplicate_result(backend: "OxBackend", task: DjangoTask, holder: "uuid.UUID") -> ExistingTaskResult:
@@ -110,7 +117,7 @@ def enqueue_one(backend: "OxBackend", task: DjangoTask, args: Sequence[Any], kwa
     backend.validate_task(task)
     conn = connections[database_for(backend)]
     row = new_task(backend, task, args, kwargs, clock.db_now(conn))
-    holder = insert_or_find(conn, row)
+    holder = insert_or_find(conn, row, prepares(backend))
     if holder is not None:
         return duplicate_result(backend, task, holder)
     result = ready_result(row, task, backend.alias)
@@ -126,7 +133,7 @@ async def aenqueue_one(
     def insert() -> sql.NewTask | ExistingTaskResult:
         conn = connections[database_for(backend)]
         row = new_task(backend, task, args, kwargs, clock.db_now(conn))
-        holder = insert_or_find(conn, row)
+        holder = insert_or_find(conn, row, prepares(backend))
         return row if holder is None else duplicate_result(backend, task, holder)
 
     # Django's database layer is synchronous; run the INSERT where the ORM's async API would.
@@ -212,7 +219,7 @@ def _enqueue_unique_once(
     with transaction.atomic(using=conn.alias):
         for row in rows:
             assert row.unique_key is not None
-            holder = first.get(row.unique_key) or insert_or_find(conn, row)
+            holder = first.get(row.unique_key) or insert_or_find(conn, row, prepares(backend))
             if holder is None:
                 first[row.unique_key] = row.id
                 result = ready_result(row, task, backend.alias)

@@ -225,18 +225,20 @@ def earliest_ready(
     return driver(conn).earliest_ready(conn, queues, kinds, gate)
 
 
-def insert_tasks(conn: BaseDatabaseWrapper, rows: Sequence[NewTask]) -> None:
+def insert_tasks(conn: BaseDatabaseWrapper, rows: Sequence[NewTask], prepare: bool = False) -> None:
     """Insert READY tasks in one statement (written out: compiling the ORM's INSERT costs
-    more than the round trip). Unique tasks go through insert_unique, one by one."""
+    more than the round trip). Unique tasks go through insert_unique, one by one. `prepare`:
+    no transaction pooler stands between this connection and the server (ox OPTIONS POOLER),
+    so PostgreSQL may run a single row's INSERT prepared (ox.db.postgresql.prepared.write)."""
     if rows:
-        driver(conn).insert_tasks(conn, rows)
+        driver(conn).insert_tasks(conn, rows, prepare)
 
 
-def insert_unique(conn: BaseDatabaseWrapper, row: NewTask) -> bool:
+def insert_unique(conn: BaseDatabaseWrapper, row: NewTask, prepare: bool = False) -> bool:
     """Insert a unique task unless its key is held (ox_task_unique): True if inserted. A
     duplicate neither raises nor aborts the caller's transaction; a concurrent insert of the
     same key waits for that one to commit or roll back, so exactly one of them inserts."""
-    return driver(conn).insert_unique(conn, row)
+    return driver(conn).insert_unique(conn, row, prepare)
 
 
 def holder_of(conn: BaseDatabaseWrapper, key: str) -> uuid.UUID | None:

@@ -104,7 +104,9 @@ class Driver(TaskNotes, Dialect):
         taken meanwhile."""
         raise NotImplementedError
 
-    def insert_tasks(self, conn: BaseDatabaseWrapper, rows: Sequence[NewTask]) -> None:
+    def insert_tasks(self, conn: BaseDatabaseWrapper, rows: Sequence[NewTask], prepare: bool = False) -> None:
+        """`prepare`: a producer's INSERT on a connection with no transaction pooler between it
+        and the server, which the driver may run as a prepared statement."""
         raise NotImplementedError
 
     def ready_rows(
@@ -186,7 +188,7 @@ class Driver(TaskNotes, Dialect):
         ]
         return sql, params
 
-    def insert_unique(self, conn: BaseDatabaseWrapper, row: NewTask) -> bool:
+    def insert_unique(self, conn: BaseDatabaseWrapper, row: NewTask, prepare: bool = False) -> bool:
         sql, params = self.one_row(conn, row)
         with conn.cursor() as cursor:
             # The row count says whether it went in (no RETURNING to fetch: cheaper).

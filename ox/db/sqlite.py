@@ -188,7 +188,7 @@ class SqliteDriver(Driver):
             return cursor.rowcount
 
     # ------------------------------------------------------------------ enqueue
-    def insert_tasks(self, conn: BaseDatabaseWrapper, rows: Sequence[NewTask]) -> None:
+    def insert_tasks(self, conn: BaseDatabaseWrapper, rows: Sequence[NewTask], prepare: bool = False) -> None:
         """Many rows as one JSON document, read with json_each()."""
         if len(rows) == 1:
             sql, params = self.one_row(conn, rows[0])

@@ -244,7 +244,7 @@ class MysqlDriver(MysqlClaims):
         return status
 
     # ------------------------------------------------------------------ enqueue
-    def insert_tasks(self, conn: BaseDatabaseWrapper, rows: Sequence[NewTask]) -> None:
+    def insert_tasks(self, conn: BaseDatabaseWrapper, rows: Sequence[NewTask], prepare: bool = False) -> None:
         sql, params = self.one_row(conn, rows[0])
         with conn.cursor() as cursor:
             if len(rows) == 1:
@@ -254,7 +254,7 @@ class MysqlDriver(MysqlClaims):
                 cursor.executemany(sql, [self.one_row(conn, r)[1] for r in rows])
         wake.wake_later(conn, lock_prefix(conn), {r.queue for r in rows})
 
-    def insert_unique(self, conn: BaseDatabaseWrapper, row: NewTask) -> bool:
+    def insert_unique(self, conn: BaseDatabaseWrapper, row: NewTask, prepare: bool = False) -> bool:
         """A duplicate key is refused by ox_task_unique (its error is a statement's only: the
         caller's transaction goes on, and nothing of this row was written)."""
         sql, params = self.one_row(conn, row)

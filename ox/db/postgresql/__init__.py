@@ -199,13 +199,17 @@ class PostgresDriver(Driver):
             return cursor.rowcount
 
     # ------------------------------------------------------------------ enqueue
-    def insert_tasks(self, conn: BaseDatabaseWrapper, rows: Sequence[NewTask]) -> None:
+    def insert_tasks(self, conn: BaseDatabaseWrapper, rows: Sequence[NewTask], prepare: bool = False) -> None:
         if len(rows) > 1:
             _copy_tasks(conn, rows)
             return
         sql, params = self.one_row(conn, rows[0])
-        with conn.cursor() as cursor:
-            cursor.execute(sql, params)
+        prepared.write(conn, sql, params, prepare)
+
+    def insert_unique(self, conn: BaseDatabaseWrapper, row: NewTask, prepare: bool = False) -> bool:
+        sql, params = self.one_row(conn, row)
+        # The row count says whether it went in (no RETURNING to fetch: cheaper).
+        return prepared.write(conn, f"{sql} ON CONFLICT DO NOTHING", params, prepare) == 1
 
     # ------------------------------------------------------------------ the duties
     def duty_lock(self, cursor: Any, key: int, wait: bool) -> bool:

@@ -1,0 +1,125 @@
+"""A producer's enqueue runs its INSERT as a prepared statement on PostgreSQL
+(ox.db.postgresql.prepared.write): on the application's own connection, only that statement,
+never behind a transaction pooler ox was told of (POOLER), and when a pooler it was not told of
+shows itself (a statement the server session lacks or already has), the connection prepares no
+more and the enqueue is not lost outside a transaction. The same through a real PgBouncer in
+tests/test_pgbouncer.py (test_an_undeclared_pooler_makes_enqueue_stop_preparing)."""
+
+import dataclasses
+
+import pytest
+from django.db import ProgrammingError, connection, transaction
+
+from ox import clock
+from ox.db.postgresql.prepared import UNPREPARED_ATTR
+from ox.enqueue import insert_or_find, new_task
+from ox.models import Status, Task
+from tests import flow_tasks, tasks
+
+pytestmark = [
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements: PostgreSQL's"),
+    pytest.mark.django_db(transaction=True),
+]
+
+
+def prepared(conn=connection) -> list[str]:
+    """The session's prepared statements' texts."""
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements ORDER BY prepare_time")
+        return [text for (text,) in cursor.fetchall()]
+
+
+def psycopg_names(conn=connection) -> list[str]:
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements ORDER BY prepare_time")
+        return [name for (name,) in cursor.fetchall()]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_session():
+    # Each test starts on a new server session with nothing prepared and no mark left by another.
+    connection.close()
+    if hasattr(connection, UNPREPARED_ATTR):
+        delattr(connection, UNPREPARED_ATTR)
+    yield
+    connection.close()
+    if hasattr(connection, UNPREPARED_ATTR):
+        delattr(connection, UNPREPARED_ATTR)
+
+
+def test_an_enqueue_prepares_its_insert_and_nothing_else():
+    results = [tasks.echo.enqueue({"n": i, "text": "é\u2028"}) for i in range(4)]
+    texts = prepared()
+    assert len(texts) == 1 and texts[0].startswith("INSERT INTO ox_task")
+    with connection.cursor() as cursor:
+        for i in range(10):  # psycopg prepares nothing by itself on Django's connection
+            cursor.execute("SELECT %s::int + 1", [i])
+    assert prepared() == texts
+    rows = list(Task.objects.order_by("enqueued_at", "id"))
+    assert [str(r.id) for r in rows] == [r.id for r in results]
+    assert [r.args for r in rows] == [[{"n": i, "text": "é\u2028"}] for i in range(4)]
+    assert {r.status for r in rows} == {Status.READY}
+    assert all(r.run_after == r.enqueued_at and r.max_attempts >= 1 for r in rows)
+
+
+def test_an_enqueue_in_atomic_is_prepared_and_rolls_back_with_the_caller():
+    tasks.noop.enqueue()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        tasks.noop.enqueue()
+        raise RuntimeError("the caller's work fails")
+    with transaction.atomic():
+        tasks.noop.enqueue()
+    assert Task.objects.count() == 2
+    # psycopg dropped its statements on the rollback and prepared the INSERT again.
+    assert [t[:20] for t in prepared()] == ["INSERT INTO ox_task "]
+
+
+def test_a_unique_enqueue_is_prepared_and_still_finds_the_holder():
+    first = flow_tasks.unique_all.enqueue(7)
+    again = flow_tasks.unique_all.enqueue(7)
+    assert again.id == first.id
+    assert Task.objects.count() == 1
+    assert any("ON CONFLICT DO NOTHING" in text for text in prepared())
+
+
+def test_a_backend_behind_a_transaction_pooler_prepares_nothing(monkeypatch):
+    backend = tasks.noop.get_backend()
+    monkeypatch.setattr(backend, "_config", dataclasses.replace(backend.config, pooler="transaction"))
+    for _ in range(3):
+        tasks.noop.enqueue()
+    flow_tasks.unique_all.enqueue(1)
+    assert Task.objects.count() == 4
+    assert prepared() == []
+
+
+def _row():
+    backend = tasks.noop.get_backend()
+    return new_task(backend, tasks.noop, (), {}, clock.db_now(connection))
+
+
+def test_a_statement_the_session_lost_makes_the_connection_stop_preparing():
+    # What a transaction pooler does when it lends the session to another client: psycopg
+    # believes the INSERT is prepared, the server session has no such statement.
+    insert_or_find(connection, _row(), prepare=True)
+    [name] = psycopg_names()
+    with connection.cursor() as cursor:
+        cursor.execute(f"DEALLOCATE {name}")  # not DEALLOCATE ALL, which psycopg would notice
+    insert_or_find(connection, _row(), prepare=True)  # autocommit: runs again, unprepared
+    assert getattr(connection, UNPREPARED_ATTR) is True
+    insert_or_find(connection, _row(), prepare=True)
+    assert Task.objects.count() == 3
+    assert prepared() == []
+
+
+def test_a_name_the_session_already_has_in_atomic_raises_and_writes_nothing():
+    # Another client's statement under the name psycopg will choose: in the caller's atomic()
+    # the transaction is lost, so the error reaches the caller; the next enqueue is unprepared.
+    with connection.cursor() as cursor:
+        cursor.execute("PREPARE _pg3_0 AS SELECT 1")
+    with pytest.raises(ProgrammingError, match="already exists"), transaction.atomic():
+        tasks.noop.enqueue()
+    assert Task.objects.count() == 0
+    assert getattr(connection, UNPREPARED_ATTR) is True
+    with transaction.atomic():
+        tasks.noop.enqueue()
+    assert Task.objects.count() == 1
