@@ -62,6 +62,19 @@ def test_an_enqueue_prepares_its_insert_and_nothing_else():
     assert all(r.run_after == r.enqueued_at and r.max_attempts >= 1 for r in rows)
 
 
+def test_a_sessions_first_enqueue_is_not_prepared():
+    # Preparing costs a round trip of its own: a connection opened for one request that
+    # enqueues once (CONN_MAX_AGE 0) would pay it for nothing.
+    tasks.noop.enqueue()
+    assert prepared() == []
+    tasks.noop.enqueue()
+    assert len(prepared()) == 1
+    connection.close()  # a new session: its first is plain again
+    tasks.noop.enqueue()
+    assert prepared() == []
+    assert Task.objects.count() == 3
+
+
 def test_an_enqueue_in_atomic_is_prepared_and_rolls_back_with_the_caller():
     tasks.noop.enqueue()
     with pytest.raises(RuntimeError), transaction.atomic():
@@ -100,6 +113,7 @@ def _row():
 def test_a_statement_the_session_lost_makes_the_connection_stop_preparing():
     # What a transaction pooler does when it lends the session to another client: psycopg
     # believes the INSERT is prepared, the server session has no such statement.
+    insert_or_find(connection, _row(), prepare=True)  # the session's first: plain
     insert_or_find(connection, _row(), prepare=True)
     [name] = psycopg_names()
     with connection.cursor() as cursor:
@@ -107,19 +121,20 @@ def test_a_statement_the_session_lost_makes_the_connection_stop_preparing():
     insert_or_find(connection, _row(), prepare=True)  # autocommit: runs again, unprepared
     assert getattr(connection, UNPREPARED_ATTR) is True
     insert_or_find(connection, _row(), prepare=True)
-    assert Task.objects.count() == 3
+    assert Task.objects.count() == 4
     assert prepared() == []
 
 
 def test_a_name_the_session_already_has_in_atomic_raises_and_writes_nothing():
     # Another client's statement under the name psycopg will choose: in the caller's atomic()
     # the transaction is lost, so the error reaches the caller; the next enqueue is unprepared.
+    tasks.noop.enqueue()  # the session's first: plain
     with connection.cursor() as cursor:
         cursor.execute("PREPARE _pg3_0 AS SELECT 1")
     with pytest.raises(ProgrammingError, match="already exists"), transaction.atomic():
         tasks.noop.enqueue()
-    assert Task.objects.count() == 0
+    assert Task.objects.count() == 1
     assert getattr(connection, UNPREPARED_ATTR) is True
     with transaction.atomic():
         tasks.noop.enqueue()
-    assert Task.objects.count() == 1
+    assert Task.objects.count() == 2

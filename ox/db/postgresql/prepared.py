@@ -105,6 +105,20 @@ def _run(conn: BaseDatabaseWrapper, text: str, params: Sequence[object]) -> list
         return prepared.fetchall()
 
 
+# Set on a psycopg connection (one server session) once a producer's write has run on it.
+_WRITTEN_ATTR = "_ox_written"
+
+
+def _once_before(conn: BaseDatabaseWrapper) -> bool:
+    """Whether a producer's write ran on this session before (and note that one has now)."""
+    conn.ensure_connection()
+    raw = conn.connection
+    if getattr(raw, _WRITTEN_ATTR, False):
+        return True
+    setattr(raw, _WRITTEN_ATTR, True)
+    return False
+
+
 def write(conn: BaseDatabaseWrapper, text: str, params: Sequence[object], prepare: bool) -> int:
     """Run a producer's write (enqueue's INSERT) and return its row count: prepared when
     `prepare` (ox OPTIONS POOLER says no transaction pooler is in the way), else as Django
@@ -113,11 +127,14 @@ def write(conn: BaseDatabaseWrapper, text: str, params: Sequence[object], prepar
     This is the application's own connection, not the worker's: nothing about its session
     changes but the one statement prepared (PostgreSQL's own custom-or-generic choice plans
     it; an INSERT ... VALUES plans the same either way). Parsing and planning the INSERT is
-    about a sixth of an autocommit enqueue's round trip. If a pooler shows itself anyway (a
+    about a sixth of an autocommit enqueue's round trip. Preparing costs a round trip of its
+    own, so the first write on a session runs unprepared: a connection opened for one request
+    (CONN_MAX_AGE 0) that enqueues once never pays for a statement it would not run again. If
+    a pooler shows itself anyway (a
     statement the server session lacks, or already has), the connection prepares no more and,
     outside a transaction, the statement runs again unprepared; inside the caller's atomic()
     the transaction is lost and the error is raised."""
-    if prepare and not getattr(conn, UNPREPARED_ATTR, False):
+    if prepare and not getattr(conn, UNPREPARED_ATTR, False) and _once_before(conn):
         try:
             with _cursor(conn) as cursor:
                 cursor.execute(text, params)
