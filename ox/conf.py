@@ -38,7 +38,9 @@ class OxOptions:
     # reconnects within it keeps its tasks); also how long a reconnected rescuer waits
     # before judging anyone, so workers back from the same outage can renew first.
     liveness_grace: float = 1.0
-    max_lost: int = 5  # a task lost with its worker this often is FAILED (it may be what kills them)
+    # A task lost with its worker this often is FAILED (it may be what kills them); losses of
+    # claims that never started are not counted after the first attempt (ox.start_marks).
+    max_lost: int = 5
     poll_interval: float = 1.0
     shutdown_grace: float = 30.0
     interrupt_grace: float = 10.0  # how long a timed-out thread may ignore its interrupt

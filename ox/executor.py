@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from ox import clock
+from ox import clock, start_marks
 from ox.conf import OxOptions
 from ox.exceptions import TaskCancelled, TaskInterrupt
 from ox.execution import Finished, Prepared, decide_retry, run_sync, unrunnable
@@ -199,6 +199,9 @@ class SyncExecutor(_Executor):
             return
         finished: Finished | None = None
         try:
+            if start_marks.needed(prep) and not start_marks.write(prep):
+                finished = skipped(prep, SKIPPED)
+                return
             finished = run_sync(prep, self.interrupter, self.sender, self.options)
         except BaseException as exc:  # noqa: BLE001
             finished = _crashed(prep, exc, self.options)
@@ -318,6 +321,9 @@ class AsyncExecutor(_Executor):
                 return
             finished: Finished | None = None
             try:
+                if start_marks.needed(prep) and not await start_marks.awrite(prep):
+                    finished = skipped(prep, SKIPPED)
+                    return
                 finished = await self.runner.run(prep, self.sender, self.options)
             except BaseException as exc:  # noqa: BLE001
                 finished = _crashed(prep, exc, self.options)

@@ -184,7 +184,8 @@ def _hold(saved: Saved, text: str) -> bool | None:
     return None
 
 
-def _with_fresh_connection[T](using: str, fn: Callable[..., T], *args: Any) -> T:
+def with_fresh_connection[T](using: str, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` with Django's per-request connection handling around it."""
     conn = connections[using]
     conn.close_if_unusable_or_obsolete()
     try:
@@ -199,7 +200,7 @@ async def in_pool_thread[T](using: str, fn: Callable[..., T], *args: Any) -> T:
     threads live as long as the worker, and a connection each kept them for good, which
     failed every later call once the server had ended its session (a restart, an idle
     timeout). With CONN_MAX_AGE 0 (Django's default) each call has a connection of its own."""
-    return await sync_to_async(_with_fresh_connection, thread_sensitive=False)(using, fn, *args)
+    return await sync_to_async(with_fresh_connection, thread_sensitive=False)(using, fn, *args)
 
 
 def context_for(result: OxTaskResult, claim: uuid.UUID, fence: int, using: str) -> OxTaskContext:

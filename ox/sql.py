@@ -187,6 +187,12 @@ def renew(
     return driver(conn).renew(conn, held, lease_expires_at) if held else {}
 
 
+def mark_started(conn: BaseDatabaseWrapper, claimed: Claimed, at: datetime) -> bool:
+    """Record that this claim's body starts at `at`, before it does (ox.start_marks). False:
+    the claim is no longer this worker's."""
+    return driver(conn).mark_started(conn, claimed.id, claimed.fence, at)
+
+
 def hand_back(conn: BaseDatabaseWrapper, held: Sequence[Held], now: datetime, flows: Sequence[uuid.UUID] = ()) -> int:
     """Return claimed-but-unstarted tasks to READY without spending an attempt (CANCELLED if
     a cancel was requested meanwhile). flows: those of them that are a workflow's tasks."""

@@ -68,7 +68,10 @@ def test_lost_attempts_do_not_spend_the_budget_until_max_lost():
     r = tasks.fails_once_only.enqueue()
     now = clock.db_now(connection)
     for lost in range(1, 4):
-        sql.claim(connection, f"ghost{lost}", ["default"], 1, now, now)
+        (claimed,) = sql.claim(connection, f"ghost{lost}", ["default"], 1, now, now)
+        # Its body started each time (unstarted losses after the first do not count:
+        # tests/test_start_marks.py).
+        assert sql.mark_started(connection, claimed, now)
         now += timezone.timedelta(seconds=1)
         (rescued,) = sql.rescue(connection, now, max_lost=3)
         row = Task.objects.get(pk=r.id)

@@ -45,6 +45,14 @@ SET_RUNNING = (
     " lease_expires_at = %s, fence = fence + 1, last_attempted_at = NULL"
 )
 
+# The lost attempts (ox_attempt rows, alias a) that count toward MAX_LOST: those whose body had
+# started (a start mark), and any first attempt, of which an unmarked one may have started and
+# killed its worker before the heartbeat wrote the mark. Later attempts write theirs before the
+# body (ox.start_marks), so one without a mark never started.
+LOST_COUNTED = "(a.started_at IS NOT NULL OR a.number <= 1)"
+# The same for the loss being rescued now, on the task's row (alias t).
+LOSS_COUNTS = "(t.last_attempted_at IS NOT NULL OR t.attempts <= 1)"
+
 LOST_TRACEBACK = (
     "The lease of worker {worker} on this attempt expired or its process died; the rescuer took the task back."
 )
@@ -96,6 +104,18 @@ class Driver(TaskNotes, Dialect):
 
     def hand_back(self, conn: BaseDatabaseWrapper, held: Sequence[Held], now: datetime) -> int:
         raise NotImplementedError
+
+    def mark_started(self, conn: BaseDatabaseWrapper, task_id: uuid.UUID, fence: int, at: datetime) -> bool:
+        """The start mark the heartbeat writes (ox.start_marks), for one claim, now: False if
+        the claim is no longer this one's (fenced out)."""
+        ts = self.ts(conn, at)
+        with conn.cursor() as cursor:
+            cursor.execute(
+                "UPDATE ox_task SET started_at = COALESCE(started_at, %s), last_attempted_at = %s"
+                " WHERE id = %s AND fence = %s AND status = 'RUNNING'",
+                [ts, ts, self.id(task_id), fence],
+            )
+            return cursor.rowcount == 1
 
     def set_running(
         self, conn: BaseDatabaseWrapper, worker_id: str, ids: Sequence[object], lease: datetime

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ox.db.base import INSERT_COLUMNS, LOST_TRACEBACK, SET_RUNNING, Driver, Held
+from ox.db.base import INSERT_COLUMNS, LOSS_COUNTS, LOST_COUNTED, LOST_TRACEBACK, SET_RUNNING, Driver, Held
 from ox.db.rows import CLAIM_COLUMNS, Claimed, Completion, NewTask, read_claimed, read_id, read_ts
 from ox.db.walks import Gate, distinct
 from ox.exceptions import WorkerLost, class_path
@@ -228,12 +228,16 @@ class SqliteDriver(Driver):
                 " FROM ox_task WHERE status = 'RUNNING' AND lease_expires_at < %s",
                 [ts, class_path(WorkerLost), LOST_TRACEBACK, ts],
             )
-            lost_count = "(SELECT count(*) FROM ox_attempt a WHERE a.task_id = ox_task.id AND a.outcome = 'lost')"
+            # The loss just recorded is among those counted when it counts (LOSS_COUNTS).
+            give_up = (
+                f"({LOSS_COUNTS} AND (SELECT count(*) FROM ox_attempt a"
+                f" WHERE a.task_id = t.id AND a.outcome = 'lost' AND {LOST_COUNTED}) >= %s)"
+            )
             cursor.execute(
-                "UPDATE ox_task SET"
-                f" status = CASE WHEN cancel_requested THEN 'CANCELLED' WHEN {lost_count} >= %s THEN 'FAILED'"
+                "UPDATE ox_task AS t SET"
+                f" status = CASE WHEN cancel_requested THEN 'CANCELLED' WHEN {give_up} THEN 'FAILED'"
                 " ELSE 'READY' END,"
-                f" finished_at = CASE WHEN cancel_requested OR {lost_count} >= %s THEN %s END,"
+                f" finished_at = CASE WHEN cancel_requested OR {give_up} THEN %s END,"
                 " max_attempts = max_attempts + 1, lease_expires_at = NULL, fence = fence + 1"
                 " WHERE status = 'RUNNING' AND lease_expires_at < %s RETURNING id, worker_id, status",
                 [max_lost, max_lost, ts, ts],

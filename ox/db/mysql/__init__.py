@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from django.db import IntegrityError, OperationalError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ox.db.base import LOST_TRACEBACK, Held
+from ox.db.base import LOST_COUNTED, LOST_TRACEBACK, Held
 from ox.db.dialect import DEADLOCK_TRIES, after_deadlock
 from ox.db.mysql import charset, health, session, wake
 from ox.db.mysql.claim import MysqlClaims
@@ -355,7 +355,7 @@ class MysqlDriver(MysqlClaims):
                 )
             cursor.execute(
                 "SELECT t.id, t.attempts, t.worker_id, t.last_attempted_at, t.cancel_requested,"
-                " (SELECT count(*) FROM ox_attempt a WHERE a.task_id = t.id AND a.outcome = 'lost')"
+                f" (SELECT count(*) FROM ox_attempt a WHERE a.task_id = t.id AND a.outcome = 'lost' AND {LOST_COUNTED})"
                 f" FROM ox_task t WHERE t.status = 'RUNNING' AND (t.lease_expires_at < %s OR t.worker_id {dead_match})"
                 " FOR UPDATE SKIP LOCKED",
                 [ts, *dead_params],
@@ -363,8 +363,9 @@ class MysqlDriver(MysqlClaims):
             lost = cursor.fetchall()
             out: list[tuple[uuid.UUID, str, str]] = []
             by_status: dict[str, list[object]] = {}
-            for task_id, _attempts, worker, _at, cancel, lost_before in lost:
-                status = "CANCELLED" if cancel else "FAILED" if lost_before + 1 >= max_lost else "READY"
+            for task_id, attempts, worker, at, cancel, lost_before in lost:
+                counts = at is not None or attempts <= 1  # LOSS_COUNTS
+                status = "CANCELLED" if cancel else "FAILED" if counts and lost_before + 1 >= max_lost else "READY"
                 by_status.setdefault(status, []).append(task_id)
                 out.append((read_id(task_id), worker, status))
             for status, ids in by_status.items():

@@ -12,7 +12,17 @@ from typing import Any, ClassVar
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ox.db.base import INSERT_COLUMNS, LOCK_NAMESPACE, LOST_TRACEBACK, RESCUER_KEY, SET_RUNNING, Driver, Held
+from ox.db.base import (
+    INSERT_COLUMNS,
+    LOCK_NAMESPACE,
+    LOSS_COUNTS,
+    LOST_COUNTED,
+    LOST_TRACEBACK,
+    RESCUER_KEY,
+    SET_RUNNING,
+    Driver,
+    Held,
+)
 from ox.db.dialect import CHANNEL, STATE_MARK
 from ox.db.postgresql import health, join, prepared, session
 from ox.db.postgresql.claim import candidates_sql, claim_parts, complete_sql
@@ -294,13 +304,15 @@ class PostgresDriver(Driver):
                 UPDATE ox_slot SET worker_id = '', expires_at = NULL
                 WHERE worker_id IN (SELECT id FROM dead)
             ), lost AS (
-                SELECT t.id FROM ox_task t
+                SELECT t.id, {LOSS_COUNTS} AS counts FROM ox_task t
                 WHERE t.status = 'RUNNING'
                   AND (t.lease_expires_at < %(now)s OR t.worker_id IN (SELECT id FROM dead))
                 FOR UPDATE SKIP LOCKED
             ), counted AS (
-                SELECT lost.id, (SELECT count(*) FROM ox_attempt a WHERE a.task_id = lost.id AND a.outcome = 'lost')
-                       + 1 >= %(max_lost)s AS give_up
+                SELECT lost.id, lost.counts AND (
+                    SELECT count(*) FROM ox_attempt a
+                    WHERE a.task_id = lost.id AND a.outcome = 'lost' AND {LOST_COUNTED}
+                ) + 1 >= %(max_lost)s AS give_up
                 FROM lost
             ), moved AS (
                 UPDATE ox_task t SET
