@@ -1,8 +1,9 @@
 """One pgqueuer worker process for the benchmark: `python -m bench.pgq_worker --ident ID
-[--batch-size B] [--max-concurrent-tasks M] [--concurrency-limit L]`, started by bench.fleet like
-the Django arms' workers (bench.launch), but without Django: pgqueuer's own QueueManager on its
-own asyncpg connection, run through `pgqueuer.run()` (what `pgq run` calls, and these are its
-`--batch-size` / `--max-concurrent-tasks`), every setting not given at pgqueuer's default.
+[--batch-size B] [--max-concurrent-tasks M] [--concurrency-limit L] [--workload W]`, started by
+bench.fleet like the Django arms' workers (bench.launch), but without Django: pgqueuer's own
+QueueManager on its own asyncpg connection, run through `pgqueuer.run()` (what `pgq run` calls,
+and these are its `--batch-size` / `--max-concurrent-tasks`), every setting not given at
+pgqueuer's default.
 
 Why asyncpg: it is the driver pgqueuer prefers (`pgq`'s default connection tries asyncpg first,
 psycopg only without it). Its psycopg driver waits for notifications with
@@ -18,7 +19,8 @@ psycopg finished 59 no-op jobs in two minutes.
   which picked rows a worker holds (the kill cell) without asking the worker.
 - Task bodies: the benchmark's tasks (bench.tasks) as async entrypoints; the ledger ones write
   through one more connection of the worker's (psycopg, autocommit), as the Django arms' tasks
-  write through Django's connection.
+  write through Django's connection. The workload cells' bodies are bench.pgq_workloads (the
+  same bodies without Django): blocking ones through asyncio.to_thread, as pgqueuer asks.
 - BENCH_SQL_COUNT_FILE: statements sent (pgqueuer's driver calls and the task bodies' writes),
   written at exit in bench.launch's format. The boot-time LISTEN is not counted.
 """
@@ -33,8 +35,11 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+
+from bench import pgq_workloads as workloads
+from bench.pgq_workloads import BLOCKING, WORKLOADS
 
 COUNTS = {"executes": 0, "begins": 0, "commits": 0}
 # A fixed namespace: the harness maps an ident to the same QueueManager id the worker uses.
@@ -119,7 +124,7 @@ def counting_driver(connection: Any) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def manager(dsn: str, ident: str, limit: int) -> AsyncIterator[Any]:
+async def manager(dsn: str, ident: str, limit: int, workload: str | None = None) -> AsyncIterator[Any]:
     """The factory `pgqueuer.run()` enters: a QueueManager with the benchmark's entrypoints."""
     import asyncpg
     import psycopg
@@ -157,11 +162,36 @@ async def manager(dsn: str, ident: str, limit: int) -> AsyncIterator[Any]:
         await record(args[0], at)
         await asyncio.sleep(kwargs.get("sleep_ms", 10) / 1000)
 
+    # A workload cell's entrypoint (bench.pgq_workloads: bench.tasks' bodies), registered only
+    # for that cell: every registered entrypoint is one more probe in each dequeue, so the
+    # other cells' workers stay as they were. Blocking code runs in a thread of the loop's
+    # default pool, as pgqueuer's executor asks; the async one on the loop.
+    if workload in BLOCKING:
+        qm.entrypoint(workload, concurrency_limit=limit)(_in_thread(BLOCKING[workload]))
+    elif workload == "io_bound_async":
+
+        @qm.entrypoint("io_bound_async", concurrency_limit=limit)
+        async def io_bound_async(job: Job) -> None:
+            await workloads.io_bound_async()
+
+    elif workload is not None:
+        raise ValueError(f"unknown workload {workload!r}")
+
     try:
         yield qm
     finally:
         await task_conn.close()
         await queue_conn.close()
+
+
+def _in_thread(body: Callable[[], None]) -> Callable[[Any], Awaitable[None]]:
+    """An async entrypoint running a blocking body through asyncio.to_thread."""
+
+    async def entry(job: Any) -> None:
+        await asyncio.to_thread(body)
+
+    entry.__name__ = body.__name__
+    return entry
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -172,6 +202,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency-limit", type=int, default=0)
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--max-concurrent-tasks", type=int)
+    # A workload cell's task (bench.pgq_workloads), registered besides noop / stamp / ledger.
+    parser.add_argument("--workload", choices=[*WORKLOADS])
     return parser.parse_args(argv)
 
 
@@ -184,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("pgqueuer").setLevel(logging.WARNING)
     atexit.register(_dump)
-    factory = functools.partial(manager, os.environ["BENCH_DB_URL"], args.ident, args.concurrency_limit)
+    factory = functools.partial(manager, os.environ["BENCH_DB_URL"], args.ident, args.concurrency_limit, args.workload)
     # Only the settings given (limits()); every other run() setting at pgqueuer's default
     # (dequeue_timeout 30 s, heartbeat_timeout 30 s, continuous mode); it stops on SIGTERM.
     settings: dict[str, Any] = {}

@@ -1,43 +1,40 @@
 """Where the pgqueuer arm stands in the matrix (bench.plan): the cells it runs, and for every
 other cell why not. Pure data, like bench.plan.
 
-pgqueuer is not a Django Tasks backend and runs on PostgreSQL only. This first step of issue 14
-gives it the enqueue, drain, dispatch and kill cells; a cell it could run but has no job for yet
-says "not run yet", one it cannot run says "cannot run" and why.
+pgqueuer is not a Django Tasks backend and runs on PostgreSQL only. It runs every PostgreSQL
+cell of the shared matrix but the ox-only ones (RUNS); a cell it cannot run says "cannot run"
+and why, and one it could run but has no job for would say "not run yet".
 """
 
 from dataclasses import replace
 
-from bench.plan import DRAIN_METRICS, KILL_METRICS, PERSISTENT, Cell
+from bench.plan import DRAIN_METRICS, KILL_METRICS, PERSISTENT, SIZES, WORKLOADS, Cell
 
 PGQUEUER = "pgqueuer"
-# The shared cells bench.pgq_jobs runs for pgqueuer (besides its own two, own_cells).
-RUNS = frozenset({"enqueue_seq", "drain_c1", "drain_c4", "drain_p4_conn600", "dispatch", "kill"})
+# The shared cells bench.pgq_jobs runs for pgqueuer (besides its own two, own_cells): the
+# enqueue cells, the drains (the workload cells with bench.pgq_workloads' entrypoints), the
+# PostgreSQL backlog cells (bench.arms.pgqueuer fill_fast / first_n), dispatch and kill.
+WORKLOAD_CELLS = frozenset(f"{w}_c{c}" for w in WORKLOADS for c in (1, 4))
+BACKLOG_CELLS = frozenset(f"backlog_{size}_{shape}" for size in SIZES for shape in ("c1", "p4"))
+RUNS = frozenset(
+    {"enqueue_seq", "enqueue_atomic", "bulk_enqueue", "drain_c1", "drain_c4", "drain_p4_conn600", "dispatch", "kill"}
+    | WORKLOAD_CELLS
+    | BACKLOG_CELLS
+)
 
 POSTGRES_ONLY = (
     "cannot run: pgqueuer is PostgreSQL only (claims with FOR UPDATE SKIP LOCKED, wakes on"
     " LISTEN/NOTIFY; its drivers are asyncpg and psycopg)"
 )
 REASONS: dict[str, str] = {
-    "enqueue_atomic": (
-        "not run yet: pgqueuer can enqueue inside the caller's transaction (SyncQueries over the"
-        " application's connection); that job is not written yet"
-    ),
-    "bulk_enqueue": (
-        "not run yet: pgqueuer's bulk path is enqueue() with lists (one statement); that job is not written yet"
-    ),
     "drain_p4": (
         "cannot run: these three cells vary Django's connection handling (CONN_MAX_AGE 0 / 600, Django's"
         " pool), which pgqueuer's workers do not use (one psycopg connection each): for pgqueuer the three"
         " are one measurement, run once as drain_p4_conn600"
     ),
-    "workload": (
-        "not run yet: needs the workload entrypoints (pgqueuer runs async entrypoints only; its docs"
-        " put blocking code in asyncio.to_thread), not written yet"
-    ),
-    "backlog": (
-        "not run yet: needs a fast fill (one enqueued row copied by INSERT ... SELECT) into pgqueuer's"
-        " table and log, not written yet"
+    "compose": (
+        "cannot run: the cell compares ox with and without its task metadata saves / ox.chain"
+        " workflows, ox against itself"
     ),
     "procs": "cannot run: an ox-only series (ox's claim at 1..16 processes with database-side figures)",
     "notify": (
@@ -63,12 +60,10 @@ def reason(cell: Cell) -> str | None:
         return REASONS[name]
     if name.startswith("drain_p4_"):
         return REASONS["drain_p4"]
+    if name == "progress_metadata" or name.startswith("workflow_chain_"):
+        return REASONS["compose"]
     if "variants" in cell.params:
         return REASONS["flow"]
-    if cell.params.get("task", "noop") != "noop":
-        return REASONS["workload"]
-    if name.startswith("backlog_"):
-        return REASONS["backlog"]
     if name.startswith("procs_"):
         return REASONS["procs"]
     if name.startswith("notify_"):

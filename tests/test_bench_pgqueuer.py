@@ -1,32 +1,55 @@
-"""The pgqueuer arm's place in the benchmark (issue 14, first step): which cells it runs, that
-every other cell says why not, that the harness reports those reasons in the results and the
-printed notes, and the worker's pure helpers. Nothing here starts a worker or needs pgqueuer
-installed (it lives in bench/.venv only); `bench/run --arms pgqueuer` is the real run."""
+"""The pgqueuer arm's place in the benchmark (issue 14): which cells it runs, that every other
+cell says why not, that the harness reports those reasons in the results and the printed notes,
+and the worker's pure helpers (its settings, its workload entrypoints: the same bodies as
+bench.tasks). Nothing here starts a worker or needs pgqueuer installed (it lives in bench/.venv
+only); `bench/run --arms pgqueuer` is the real run."""
 
 import argparse
+import asyncio
+import inspect
+import threading
+import time
 
-from bench import report
+from bench import pgq_workloads, report
 from bench.arms.pgqueuer import ARM
 from bench.harness import Harness
-from bench.pgq_worker import decode, encode, limit_argv, limits, manager_id, parse_args
-from bench.plan import build
+from bench.pgq_worker import _in_thread, decode, encode, limit_argv, limits, manager_id, parse_args
+from bench.plan import WORKLOADS, build
 from bench.plan_pgqueuer import PGQUEUER, POSTGRES_ONLY, RUNS
 
 OWN = {"drain_defaults", "kill_pgq_recovery"}
+# Every cell pgqueuer runs, by mode, spelled out (RUNS is derived: this pins it).
+QUICK = {
+    "enqueue_seq",
+    "enqueue_atomic",
+    "bulk_enqueue",
+    "drain_c1",
+    "drain_c4",
+    "dispatch",
+    "backlog_10k_c1",
+    "backlog_100k_c1",
+    "kill",
+} | OWN
+FULL = (
+    QUICK
+    | {"drain_p4_conn600", "backlog_1m_c1", "backlog_10k_p4", "backlog_100k_p4", "backlog_1m_p4"}
+    | {f"{w}_c{c}" for w in ("cpu_bound", "io_bound", "io_bound_async", "mixed") for c in (1, 4)}
+)
 
 
 def test_pgqueuer_runs_its_cells_and_says_why_for_every_other():
-    for mode in ("quick", "full"):
+    for mode, expected in (("quick", QUICK), ("full", FULL)):
         plan = build(mode)
         runs = {c.name for c in plan if PGQUEUER in c.arms}
-        assert runs == (RUNS | OWN) & {c.name for c in plan}  # the drain_p4 cells are full mode's
-        assert ("drain_p4_conn600" in runs) == (mode == "full")
+        assert runs == expected
+        assert runs == (RUNS | OWN) & {c.name for c in plan}
         for cell in plan:
             if PGQUEUER in cell.arms:
                 assert PGQUEUER not in cell.cannot_run
                 continue
             why = cell.cannot_run[PGQUEUER]
-            assert why.startswith(("cannot run: ", "not run yet: ")), (cell.name, why)
+            # Nothing left "not run yet": every cell pgqueuer does not run, it cannot.
+            assert why.startswith("cannot run: "), (cell.name, why)
             if cell.db != "pg":
                 assert why == POSTGRES_ONLY
         by_name = {c.name: c for c in plan}
@@ -36,7 +59,25 @@ def test_pgqueuer_runs_its_cells_and_says_why_for_every_other():
         # The Django arms' cells are as before: pgqueuer joins, nobody leaves (procrastinate joins
         # after it: tests/test_bench_procrastinate.py).
         assert by_name["drain_c1"].arms[:4] == ("ox", "django-tasks-db", "django-ox", PGQUEUER)
-        assert not by_name["drain_c1"].cannot_run and not by_name["bulk_enqueue"].arms.count(PGQUEUER)
+        assert not by_name["drain_c1"].cannot_run
+        assert PGQUEUER in by_name["bulk_enqueue"].arms and PGQUEUER in by_name["enqueue_atomic"].arms
+        assert "cannot run: " in by_name["procs_p1"].cannot_run[PGQUEUER]
+        if mode == "full":
+            assert "metadata" in by_name["progress_metadata"].cannot_run[PGQUEUER]
+
+
+def test_every_job_pgqueuer_runs_has_its_implementation():
+    """The shared jobs that read a Django model (bulk's row count) or need the arm's fill_fast /
+    first_n (backlog) are pgqueuer's own; every job of a cell it runs resolves."""
+    from bench import jobs, scale
+
+    for cell in build("full"):
+        if PGQUEUER in cell.arms:
+            assert cell.job in ARM.job_overrides or cell.job in jobs.JOBS or cell.job in scale.JOBS, cell.name
+    for job in ("enqueue_atomic", "bulk", "backlog", "drain"):
+        assert ARM.job_overrides[job].startswith("bench.pgq_jobs:")
+    for method in ("fill_fast", "first_n"):  # no longer the base's or a NotImplementedError stub
+        assert "NotImplementedError" not in inspect.getsource(getattr(type(ARM), method))
 
 
 def fake_harness(tmp_path, cells, arms):
@@ -60,7 +101,7 @@ def fake_harness(tmp_path, cells, arms):
 
 
 def test_harness_records_and_prints_why_a_cell_did_not_run(tmp_path, monkeypatch, capsys):
-    harness = fake_harness(tmp_path, "drain_c1,bulk_enqueue,mariadb_drain_c1,drain_defaults", "ox,pgqueuer")
+    harness = fake_harness(tmp_path, "drain_c1,bulk_enqueue,mariadb_drain_c1,procs_p1,drain_defaults", "ox,pgqueuer")
     speed = {"ox": 5400.0, PGQUEUER: 2700.0}
     ran = []
 
@@ -79,7 +120,9 @@ def test_harness_records_and_prints_why_a_cell_did_not_run(tmp_path, monkeypatch
             "drain_c1-0-ox",
             "drain_c1-0-pgqueuer",
             "bulk_enqueue-0-ox",
+            "bulk_enqueue-0-pgqueuer",
             "mariadb_drain_c1-0-ox",
+            "procs_p1-0-ox",
             "drain_defaults-0-ox",
             "drain_defaults-0-pgqueuer",
         ]
@@ -88,7 +131,9 @@ def test_harness_records_and_prints_why_a_cell_did_not_run(tmp_path, monkeypatch
     drain = by[("drain_c1", "throughput")]
     assert drain["ratios"] == {PGQUEUER: 2.0} and "cannot_run" not in drain
     bulk = by[("bulk_enqueue", "throughput")]
-    assert set(bulk["arms"]) == {"ox"} and bulk["cannot_run"][PGQUEUER].startswith("not run yet: ")
+    assert set(bulk["arms"]) == {"ox", PGQUEUER} and "cannot_run" not in bulk
+    procs_cell = by[("procs_p1", "throughput")]
+    assert set(procs_cell["arms"]) == {"ox"} and procs_cell["cannot_run"][PGQUEUER].startswith("cannot run: ")
     assert by[("mariadb_drain_c1", "throughput")]["cannot_run"] == {PGQUEUER: POSTGRES_ONLY}
     assert set(by[("drain_defaults", "throughput")]["arms"]) == {"ox", PGQUEUER}
 
@@ -96,10 +141,13 @@ def test_harness_records_and_prints_why_a_cell_did_not_run(tmp_path, monkeypatch
     assert f"{PGQUEUER}: {POSTGRES_ONLY}" in printed
     notes = report.notes(doc)
     assert f"{PGQUEUER} {POSTGRES_ONLY} [mariadb_drain_c1]" in notes
-    assert any(n.startswith(f"{PGQUEUER} not run yet: ") and n.endswith("[bulk_enqueue]") for n in notes)
+    assert any(n.startswith(f"{PGQUEUER} cannot run: ") and n.endswith("[procs_p1]") for n in notes)
+    assert not any("[bulk_enqueue]" in n for n in notes)
     table = report.table(doc)
+    procs_row = next(line for line in table.splitlines() if line.startswith("procs_p1"))
+    assert procs_row.split()[-2:] == ["n/a", "-"]  # pgqueuer's column, then the ox/pgqueuer ratio
     bulk_row = next(line for line in table.splitlines() if line.startswith("bulk_enqueue"))
-    assert bulk_row.split()[-2:] == ["n/a", "-"]  # pgqueuer's column, then the ox/pgqueuer ratio
+    assert bulk_row.split()[-1] == "2.00x+"  # both ran: ox / pgqueuer
 
 
 def test_a_cell_no_selected_arm_runs_still_says_why(tmp_path, monkeypatch):
@@ -169,3 +217,56 @@ def test_drain_defaults_runs_ox_without_a_concurrency_flag():
 
     assert "--concurrency" not in OX.worker_argv(0, "bench-x", None)
     assert OX.worker_argv(4, "bench-x", None)[:3] == ["runworker", "--concurrency", "4"]
+
+
+def test_workload_bodies_are_bench_tasks_bodies(monkeypatch):
+    """pgqueuer's workload entrypoints (bench.pgq_workloads, no Django) do per task exactly what
+    bench.tasks' tasks do: the same hashing function, and the same calls in the same order."""
+    from bench import tasks
+
+    assert inspect.getsource(pgq_workloads.sha_rounds) == inspect.getsource(tasks.sha_rounds)
+    assert set(pgq_workloads.WORKLOADS) == set(WORKLOADS)
+    calls: list[tuple[str, object]] = []
+    monkeypatch.setattr(tasks, "sha_rounds", lambda n: calls.append(("sha", n)))
+    monkeypatch.setattr(pgq_workloads, "sha_rounds", lambda n: calls.append(("sha", n)))
+    monkeypatch.setattr(time, "sleep", lambda s: calls.append(("sleep", s)))
+
+    async def fake_sleep(s: float) -> None:
+        calls.append(("async_sleep", s))
+
+    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
+    for name in WORKLOADS:
+        calls.clear()
+        body = tasks.WORKLOADS[name].func
+        result = body()
+        if inspect.iscoroutine(result):
+            asyncio.run(result)
+        django_calls = list(calls)
+        calls.clear()
+        ours = pgq_workloads.BLOCKING.get(name) or pgq_workloads.io_bound_async
+        result = ours()
+        if inspect.iscoroutine(result):
+            asyncio.run(result)
+        assert calls == django_calls and calls, name
+
+
+def test_blocking_workloads_run_in_a_thread_as_pgqueuer_asks():
+    seen: list[int] = []
+    entry = _in_thread(lambda: seen.append(threading.get_ident()))
+    assert inspect.iscoroutinefunction(entry)  # pgqueuer's executor refuses a plain def
+    asyncio.run(entry(None))
+    assert seen and seen[0] != threading.get_ident()
+
+
+def test_a_workload_cell_asks_its_workers_for_its_entrypoint():
+    old = ARM.processes, ARM.workload
+    try:
+        ARM.processes, ARM.workload = 1, None
+        assert "--workload" not in ARM.worker_argv(1, "bench-x", None)  # other cells: as before
+        for name in WORKLOADS:
+            ARM.workload = name
+            argv = ARM.worker_argv(4, "bench-x", None)
+            assert parse_args(argv).workload == name
+            assert parse_args(argv).max_concurrent_tasks == 4  # the concurrency is the cell's, as for noop
+    finally:
+        ARM.processes, ARM.workload = old

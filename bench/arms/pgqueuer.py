@@ -56,6 +56,9 @@ class PgqueuerArm(Arm):
         "dispatch": "bench.pgq_jobs:dispatch",
         "drain": "bench.pgq_jobs:drain",
         "kill": "bench.pgq_jobs:kill",
+        "enqueue_atomic": "bench.pgq_jobs:enqueue_atomic",
+        "bulk": "bench.pgq_jobs:bulk",
+        "backlog": "bench.pgq_jobs:backlog",
     }
 
     def __init__(self) -> None:
@@ -64,6 +67,9 @@ class PgqueuerArm(Arm):
         # per-process setting and its fleet-wide one is exact only for a fleet of one. The jobs
         # set it before they start workers.
         self.processes = 1
+        # The workload cell's entrypoint, when the drain runs one (bench.pgq_workloads): its
+        # workers register it besides noop / stamp / ledger. Set by the drain job.
+        self.workload: str | None = None
 
     # ---- workers
     def worker_argv(self, concurrency: int, ident: str, interval: float | None, queue: str = "default") -> list[str]:
@@ -71,7 +77,8 @@ class PgqueuerArm(Arm):
         # dequeue_timeout 30 s as the fallback poll). queue: pgqueuer routes by entrypoint.
         from bench.pgq_worker import limit_argv, limits
 
-        return ["--ident", ident, *limit_argv(limits(concurrency, self.processes))]
+        argv = ["--ident", ident, *limit_argv(limits(concurrency, self.processes))]
+        return argv + (["--workload", self.workload] if self.workload else [])
 
     def running_on(self, ident: str, pid: int) -> list[int]:
         from bench.pgq_worker import decode, manager_id
@@ -113,7 +120,58 @@ class PgqueuerArm(Arm):
         self.bulk_enqueue(task, calls)
 
     def fill_fast(self, task: Task, total: int) -> None:
-        raise NotImplementedError("no fast fill for pgqueuer yet (bench.plan_pgqueuer: the backlog cells)")
+        """The backlog cells' fill, as the Django arms' (Arm.fill_fast): one job enqueued by
+        pgqueuer's own statement (`fill`: the queue row and its `queued` log row), then copied
+        total - 1 times by one statement: every column of the queue row but `id`, which the
+        copies take from the table's sequence (its default, what pgqueuer's enqueue draws from
+        too), so they are ordinary queued jobs in id order, the order the worker picks
+        (priority DESC, id ASC); and for each copy the `queued` log row pgqueuer's enqueue
+        writes with it (left unaggregated, as its enqueue leaves them: a worker folds them into
+        pgqueuer_statistics on its 30 s aggregation timer, during the drain). The caller holds
+        the transaction (one NOTIFY at its commit, from pgqueuer's statement trigger)."""
+        if self._scalar(f"SELECT count(*) FROM {QUEUE}"):  # noqa: S608
+            raise RuntimeError("fill_fast needs an empty table (reset first)")
+        self.fill(task, [((), {})])
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT status::text, dedupe_key, execute_after <= now() FROM {QUEUE}"  # noqa: S608
+            )
+            template = cursor.fetchall()
+        # One queued job with no dedupe key (a copied key would break its unique index), due now.
+        if len(template) != 1 or template[0] != ("queued", None, True):
+            raise RuntimeError(f"unexpected template job {template}")
+        if total <= 1:
+            return
+        columns = [c for c in self._columns(QUEUE) if c != "id"]
+        listed = ", ".join(columns)
+        picked = ", ".join(f"src.{c}" for c in columns)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"WITH copies AS (INSERT INTO {QUEUE} ({listed})"  # noqa: S608
+                f" SELECT {picked} FROM {QUEUE} AS src CROSS JOIN generate_series(1, %s)"
+                " RETURNING id, entrypoint, priority)"
+                f" INSERT INTO {LOG} (job_id, status, entrypoint, priority)"
+                " SELECT id, 'queued'::pgqueuer_status, entrypoint, priority FROM copies",
+                [total - 1],
+            )
+            # Not timed: what the workers will see, checked before the commit shows it to them.
+            cursor.execute(
+                f"SELECT (SELECT count(*) FROM {QUEUE} WHERE status = 'queued' AND entrypoint = %s),"  # noqa: S608
+                f" (SELECT count(DISTINCT job_id) FROM {LOG} WHERE status = 'queued')",
+                [self.entrypoint(task)],
+            )
+            queued, logged = cursor.fetchone()
+        if queued != total or logged != total:
+            raise RuntimeError(f"fill_fast wrote {queued} queued jobs and {logged} queued log rows, not {total}")
+
+    def _columns(self, table: str) -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0"
+                " AND NOT attisdropped ORDER BY attnum",
+                [table],
+            )
+            return [name for (name,) in cursor.fetchall()]
 
     # ---- reading progress
     def tables(self) -> list[str]:
@@ -150,7 +208,22 @@ class PgqueuerArm(Arm):
         return first, last
 
     def first_n(self, n: int) -> tuple[datetime | None, datetime | None, int]:
-        raise NotImplementedError("the backlog cells do not run pgqueuer yet")
+        """The first `picked` log row, the n-th earliest completion (a job's first `successful`
+        log row: the database's clock at the flush that logged it), and how many that spans
+        (fewer than n when fewer finished: then the last completion)."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"WITH done AS (SELECT job_id, min(created) AS at FROM {LOG}"  # noqa: S608
+                " WHERE status = 'successful' GROUP BY job_id)"
+                f" SELECT (SELECT min(created) FROM {LOG} WHERE status = 'picked'),"
+                " (SELECT at FROM done ORDER BY at OFFSET %s LIMIT 1),"
+                " (SELECT max(at) FROM done), (SELECT count(*) FROM done)",
+                [max(n - 1, 0)],
+            )
+            first, nth, last, count = cursor.fetchone()
+        if nth is not None:
+            return first, nth, n
+        return first, last, count
 
     def options(self) -> dict[str, Any]:
         import inspect
