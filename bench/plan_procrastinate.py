@@ -1,19 +1,35 @@
 """Where the procrastinate arm stands in the matrix (bench.plan): the cells it runs, and for every
 other cell why not. Pure data, like bench.plan and bench.plan_pgqueuer.
 
-procrastinate (issue 14, the next peer after pgqueuer) runs on PostgreSQL only. It gets the
-enqueue, drain, dispatch and kill cells; a cell it could run but has no job for yet says "not
-run yet", one it cannot run says "cannot run" and why.
+procrastinate (issue 14, the next peer after pgqueuer) runs on PostgreSQL only. It runs every
+PostgreSQL cell of the shared matrix but the ox-only ones (procs_*, notify_*, the flow cells) and
+two of the three drain_p4 cells (one measurement for it); a cell it could run but has no job for
+yet would say "not run yet", one it cannot run says "cannot run" and why.
 """
 
 from dataclasses import replace
 
 from bench.arms import DJANGO_ARMS
-from bench.plan import KILL_METRICS, Cell
+from bench.plan import KILL_METRICS, SIZES, WORKLOADS, Cell
 from bench.plan_pgqueuer import PGQUEUER
 
 PROCRASTINATE = "procrastinate"
-RUNS = frozenset({"enqueue_seq", "drain_c1", "drain_c4", "dispatch", "kill"})
+# The shared cells procrastinate runs (bench.procrastinate_jobs, or the shared job through the
+# arm), quick and full; its own cell is own_cells'. drain_p4: one of the three (REASONS).
+RUNS = frozenset(
+    {
+        "enqueue_seq",
+        "enqueue_atomic",
+        "bulk_enqueue",
+        "drain_c1",
+        "drain_c4",
+        "drain_p4_conn600",
+        "dispatch",
+        "kill",
+        *(f"{w}_c{c}" for w in WORKLOADS for c in (1, 4)),
+        *(f"backlog_{size}_{shape}" for size in SIZES for shape in ("c1", "p4")),
+    }
+)
 # The procrastinate-only kill cell: the retry task every minute, waits long enough to see it.
 RECOVERY_CRON = "* * * * *"
 
@@ -22,22 +38,17 @@ POSTGRES_ONLY = (
     " claims with FOR UPDATE SKIP LOCKED, wakes on LISTEN/NOTIFY)"
 )
 REASONS: dict[str, str] = {
-    "enqueue_atomic": (
-        "not run yet: procrastinate's defer() runs on Django's connection (the contrib's DjangoConnector),"
-        " so inside the caller's atomic(); that job is not written yet"
-    ),
-    "bulk_enqueue": (
-        "not run yet: procrastinate's bulk path is task.batch_defer() (one statement); that job is not written yet"
-    ),
     "drain_p4": (
-        "not run yet: these cells vary Django's connection handling (CONN_MAX_AGE 0 / 600, Django's"
-        " pool), which procrastinate's worker uses only for the task bodies (its queue statements go"
-        " through its own psycopg pool); not written yet"
+        "cannot run: these three cells vary Django's connection handling (CONN_MAX_AGE 0 / 600, Django's"
+        " pool), which procrastinate's worker does not use for the queue (its statements go through its"
+        " own psycopg pool, DjangoConnector.get_worker_connector()) nor for the no-op task (no database"
+        " access): for procrastinate the three are one measurement, run once as drain_p4_conn600"
     ),
-    "workload": "not run yet: needs the workload tasks as procrastinate tasks, not written yet",
-    "backlog": (
-        "not run yet: needs a fast fill (one deferred job copied by INSERT ... SELECT, with its"
-        " events) into procrastinate_jobs, not written yet"
+    "drain_defaults": (
+        "not run yet: the cell is pgqueuer's own (bench.plan_pgqueuer, arms ox and pgqueuer, pinned by"
+        " tests/test_bench_pgqueuer.py); procrastinate's worker at its defaults is drain_c1's (its default"
+        " concurrency is 1, every other option at its default there too), and the arm runs concurrency 0"
+        " as no --concurrency flag: joining it is adding the cell to RUNS once that test allows a third arm"
     ),
     "procs": "cannot run: an ox-only series (ox's claim at 1..16 processes with database-side figures)",
     "notify": (
@@ -68,10 +79,6 @@ def reason(cell: Cell) -> str | None:
         return REASONS["drain_p4"]
     if "variants" in cell.params:
         return REASONS["flow"]
-    if cell.params.get("task", "noop") != "noop":
-        return REASONS["workload"]
-    if name.startswith("backlog_"):
-        return REASONS["backlog"]
     if name.startswith("procs_"):
         return REASONS["procs"]
     if name.startswith("notify_"):

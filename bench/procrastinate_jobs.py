@@ -2,9 +2,11 @@
 its agent like bench.jobs. The schema needs no job of its own: the shared setup's `migrate` is
 procrastinate's documented way for Django. Enqueues are procrastinate's `task.defer()` (its
 tasks take keywords) on the contrib's DjangoConnector, i.e. Django's connection, as a Django view
-using procrastinate enqueues. The drain and kill cells run the shared jobs unchanged, through
-the arm's fill / counts / running_on, once the arm knows the run's log dir (where each worker
-writes its procrastinate worker id)."""
+using procrastinate enqueues; enqueue_atomic and bulk are bench.jobs' with `defer()` /
+`batch_defer()` in place of Django Tasks' calls. The drain (the workload cells too) and kill cells
+run the shared jobs unchanged, through the arm's fill / counts / running_on, once the arm knows the
+run's log dir (where each worker writes its procrastinate worker id); the backlog cells run
+bench.scale.backlog as it is, through the arm's fill_fast / first_n."""
 
 import time
 from pathlib import Path
@@ -40,6 +42,43 @@ def enqueue_seq(arm: ProcrastinateArm, p: Params) -> Result:
     if written != n:
         raise RuntimeError(f"{written} todo jobs after {n} defers")
     return {"throughput": n / elapsed, "info": {"n": n, "seconds": elapsed, "path": "task.defer()"}}
+
+
+def enqueue_atomic(arm: ProcrastinateArm, p: Params) -> Result:
+    """bench.jobs.enqueue_atomic with procrastinate's defer: the latency of `with atomic():
+    noop.defer()`, commit included (the contrib's DjangoConnector writes on Django's connection,
+    so the job commits with the block, as in a view)."""
+    from bench.procrastinate_tasks import noop
+
+    jobs._reset(arm)
+    n = p["n"]
+    samples = []
+    for _ in range(n):
+        started = time.perf_counter()
+        with transaction.atomic():
+            noop.defer()
+        samples.append((time.perf_counter() - started) * 1000)
+    written = arm.counts().get("todo", 0)
+    if written != n:
+        raise RuntimeError(f"{written} todo jobs after {n} defers")
+    return {"latency_ms": samples, "info": {"n": n, "path": "with atomic(): task.defer()"}}
+
+
+def bulk(arm: ProcrastinateArm, p: Params) -> Result:
+    """bench.jobs.bulk: N no-argument calls in one `noop.batch_defer(*kwargs)` (one statement,
+    procrastinate_defer_jobs_v1 over an array of N jobs) in autocommit, as a caller without a
+    transaction of its own runs it."""
+    from bench.tasks import noop
+
+    jobs._reset(arm)
+    n = p["n"]
+    started = time.perf_counter()
+    arm.bulk_enqueue(noop, [((), {})] * n)
+    elapsed = time.perf_counter() - started
+    counts = arm.counts()
+    if counts != {"todo": n}:
+        raise RuntimeError(f"bulk enqueue of {n} left {counts}")
+    return {"throughput": n / elapsed, "info": {"n": n, "seconds": elapsed, "path": arm.bulk_path}}
 
 
 def drain(arm: ProcrastinateArm, p: Params) -> Result:

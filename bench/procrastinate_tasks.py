@@ -17,13 +17,14 @@ schedule (every 10th minute) unless BENCH_PROCRASTINATE_RETRY_CRON says otherwis
 procrastinate-only cell kill_procrastinate_recovery sets it: every minute).
 """
 
+import asyncio
 import os
 import time
 from typing import Any
 
 from procrastinate.contrib.django import app
 
-from bench.tasks import record
+from bench.tasks import record, sha_rounds
 
 # The docs' example schedule: "configured to be deferred at every 10th minute".
 DOCS_RETRY_CRON = "*/10 * * * *"
@@ -48,6 +49,30 @@ def ledger(key: int, sleep_ms: int = 10) -> None:
     time.sleep(sleep_ms / 1000)
 
 
+# The drain cells' workloads (bench.plan.WORKLOADS), bodies as in bench/tasks.py. The sync ones run
+# in a thread each (procrastinate's sync_to_async), at most --concurrency C at a time; the async
+# one on the worker's event loop.
+@app.task(queue="default")
+def cpu_bound() -> None:
+    sha_rounds(100_000)
+
+
+@app.task(queue="default")
+def io_bound() -> None:
+    time.sleep(0.05)
+
+
+@app.task(queue="default")
+async def io_bound_async() -> None:
+    await asyncio.sleep(0.05)
+
+
+@app.task(queue="default")
+def mixed() -> None:
+    sha_rounds(50_000)
+    time.sleep(0.02)
+
+
 # Verbatim from procrastinate's docs (howto/production/retry_stalled_jobs), schedule aside.
 @app.periodic(cron=RETRY_CRON)
 @app.task(queueing_lock="retry_stalled_jobs", pass_context=True)
@@ -58,6 +83,14 @@ async def retry_stalled_jobs(context: Any, timestamp: int) -> None:
 
 
 # The harness's task names (bench.tasks, the Django arms' tasks) -> these.
-BY_NAME = {"noop": noop, "stamp": stamp, "ledger": ledger}
+BY_NAME = {
+    "noop": noop,
+    "stamp": stamp,
+    "ledger": ledger,
+    "cpu_bound": cpu_bound,
+    "io_bound": io_bound,
+    "io_bound_async": io_bound_async,
+    "mixed": mixed,
+}
 # Jobs of the benchmark's own tasks; the periodic retry task is not one of them.
 BENCH_TASK_NAMES = tuple(t.name for t in BY_NAME.values())

@@ -12,17 +12,34 @@ from bench import report
 from bench.harness import Harness
 from bench.plan import build
 from bench.plan_pgqueuer import PGQUEUER
-from bench.plan_procrastinate import POSTGRES_ONLY, PROCRASTINATE, RECOVERY_CRON, RUNS
+from bench.plan_procrastinate import POSTGRES_ONLY, PROCRASTINATE, REASONS, RECOVERY_CRON, RUNS
 from bench.procrastinate_worker import id_file
 
 OWN = {"kill_procrastinate_recovery"}
+QUICK = {
+    "enqueue_seq",
+    "enqueue_atomic",
+    "bulk_enqueue",
+    "drain_c1",
+    "drain_c4",
+    "dispatch",
+    "kill",
+    "backlog_10k_c1",
+    "backlog_100k_c1",
+}
+FULL = (QUICK - {"backlog_100k_c1", "backlog_10k_c1"}) | {
+    "drain_p4_conn600",
+    *(f"{w}_c{c}" for w in ("cpu_bound", "io_bound", "io_bound_async", "mixed") for c in (1, 4)),
+    *(f"backlog_{size}_{shape}" for size in ("10k", "100k", "1m") for shape in ("c1", "p4")),
+}
 
 
 def test_procrastinate_runs_its_cells_and_says_why_for_every_other():
-    for mode in ("quick", "full"):
+    for mode, expected in (("quick", QUICK), ("full", FULL)):
         plan = build(mode)
         runs = {c.name for c in plan if PROCRASTINATE in c.arms}
-        assert runs == RUNS | OWN
+        assert runs == expected | OWN, mode
+        assert runs <= RUNS | OWN
         for cell in plan:
             if PROCRASTINATE in cell.arms:
                 assert PROCRASTINATE not in cell.cannot_run
@@ -44,7 +61,21 @@ def test_procrastinate_runs_its_cells_and_says_why_for_every_other():
         assert "BENCH_PROCRASTINATE_RETRY_CRON" not in by_name["kill"].params["worker_env"]
         # The Django arms' cells and pgqueuer's are as before: procrastinate joins, nobody leaves.
         assert by_name["drain_c1"].arms[:5] == ("ox", "django-tasks-db", "django-ox", PGQUEUER, PROCRASTINATE)
-        assert PROCRASTINATE not in by_name["bulk_enqueue"].arms
+        assert PROCRASTINATE in by_name["bulk_enqueue"].arms
+        # drain_defaults is pgqueuer's own cell with its two arms; procrastinate says why not.
+        assert by_name["drain_defaults"].arms == ("ox", PGQUEUER)
+        assert by_name["drain_defaults"].cannot_run[PROCRASTINATE] == REASONS["drain_defaults"]
+        assert REASONS["drain_defaults"].startswith("not run yet: ")
+    full = {c.name: c for c in build("full")}
+    # The three drain_p4 cells are one measurement for procrastinate: run once, the other two say so.
+    assert PROCRASTINATE in full["drain_p4_conn600"].arms
+    for name in ("drain_p4_conn0", "drain_p4_pool"):
+        assert full[name].cannot_run[PROCRASTINATE] == REASONS["drain_p4"]
+        assert REASONS["drain_p4"].startswith("cannot run: ") and "drain_p4_conn600" in REASONS["drain_p4"]
+    # Nothing left "not run yet" but drain_defaults; the SQLite backlog cells are PostgreSQL-only.
+    pending = {n for n, c in full.items() if c.cannot_run.get(PROCRASTINATE, "").startswith("not run yet")}
+    assert pending == {"drain_defaults"}
+    assert full["sqlite_backlog_1m_c1"].cannot_run[PROCRASTINATE] == POSTGRES_ONLY
 
 
 def fake_harness(tmp_path, cells, arms):
@@ -69,7 +100,7 @@ def fake_harness(tmp_path, cells, arms):
 
 def test_harness_records_and_prints_why_a_cell_did_not_run(tmp_path, monkeypatch, capsys):
     harness = fake_harness(
-        tmp_path, "drain_c1,bulk_enqueue,mariadb_drain_c1,kill,kill_procrastinate_recovery", "ox,procrastinate"
+        tmp_path, "drain_c1,drain_defaults,mariadb_drain_c1,kill,kill_procrastinate_recovery", "ox,procrastinate"
     )
     speed = {"ox": 5400.0, PROCRASTINATE: 1800.0}
     ran = []
@@ -89,7 +120,7 @@ def test_harness_records_and_prints_why_a_cell_did_not_run(tmp_path, monkeypatch
         [
             "drain_c1-0-ox",
             "drain_c1-0-procrastinate",
-            "bulk_enqueue-0-ox",
+            "drain_defaults-0-ox",
             "mariadb_drain_c1-0-ox",
             "kill-0-ox",
             "kill-0-procrastinate",
@@ -100,8 +131,8 @@ def test_harness_records_and_prints_why_a_cell_did_not_run(tmp_path, monkeypatch
     drain = by[("drain_c1", "throughput")]
     assert drain["ratios"] == {PROCRASTINATE: 3.0} and "cannot_run" not in drain
     assert by[("kill", "stuck")]["arms"][PROCRASTINATE]["value"] == 1
-    bulk = by[("bulk_enqueue", "throughput")]
-    assert set(bulk["arms"]) == {"ox"} and bulk["cannot_run"][PROCRASTINATE].startswith("not run yet: ")
+    defaults = by[("drain_defaults", "throughput")]
+    assert set(defaults["arms"]) == {"ox"} and defaults["cannot_run"][PROCRASTINATE].startswith("not run yet: ")
     assert by[("mariadb_drain_c1", "throughput")]["cannot_run"] == {PROCRASTINATE: POSTGRES_ONLY}
     assert set(by[("kill_procrastinate_recovery", "finished")]["arms"]) == {PROCRASTINATE}
 
@@ -109,7 +140,7 @@ def test_harness_records_and_prints_why_a_cell_did_not_run(tmp_path, monkeypatch
     assert f"{PROCRASTINATE}: {POSTGRES_ONLY}" in printed
     notes = report.notes(doc)
     assert f"{PROCRASTINATE} {POSTGRES_ONLY} [mariadb_drain_c1]" in notes
-    assert any(n.startswith(f"{PROCRASTINATE} not run yet: ") and n.endswith("[bulk_enqueue]") for n in notes)
+    assert any(n.startswith(f"{PROCRASTINATE} not run yet: ") and n.endswith("[drain_defaults]") for n in notes)
 
 
 def test_a_cell_no_selected_arm_runs_still_says_why(tmp_path, monkeypatch):
@@ -140,3 +171,16 @@ def test_call_arguments_become_task_keywords():
     assert as_kwargs("stamp", (5,), {}) == {"key": 5}
     with pytest.raises(TypeError):
         as_kwargs("noop", (1,), {})
+
+
+def test_every_workload_has_its_task_and_concurrency_zero_is_no_flag():
+    pytest.importorskip("django")
+    from bench.arms.procrastinate import ARM, PARAMS
+    from bench.plan import WORKLOADS
+
+    # The drain job enqueues bench.tasks.WORKLOADS[task] through the arm: each needs its procrastinate task.
+    assert set(WORKLOADS) <= set(PARAMS)
+    assert all(PARAMS[w] == () for w in WORKLOADS)
+    assert ARM.worker_argv(4, "bench-x", None) == ["--concurrency", "4", "--ident", "bench-x"]
+    assert ARM.worker_argv(0, "bench-x", None) == ["--ident", "bench-x"]  # procrastinate's own default
+    assert {"enqueue_atomic", "bulk"} <= set(ARM.job_overrides)  # the shared ones use Django Tasks / a model

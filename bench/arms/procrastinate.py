@@ -37,7 +37,21 @@ JOBS, EVENTS, WORKERS, PERIODIC = (
 FINAL = ("succeeded", "failed", "cancelled", "aborted")
 # The benchmark's own task functions, by the harness's name, with their parameter names:
 # procrastinate tasks take keyword arguments only.
-PARAMS = {"noop": (), "stamp": ("key",), "ledger": ("key", "sleep_ms")}
+PARAMS = {
+    "noop": (),
+    "stamp": ("key",),
+    "ledger": ("key", "sleep_ms"),
+    "cpu_bound": (),
+    "io_bound": (),
+    "io_bound_async": (),
+    "mixed": (),
+}
+# The per-row NOTIFY trigger of procrastinate's schema (one pg_notify per inserted job): off for
+# the backlog cells' copy statement only (fill_fast says why).
+NOTIFY_TRIGGER = "procrastinate_jobs_notify_queue_job_inserted_v1"
+# The columns procrastinate's own defer statement writes (procrastinate_defer_jobs_v1); the
+# rest (id, status 'todo', attempts 0, ...) are the table's defaults, as for a deferred job.
+DEFER_COLUMNS = ("queue_name", "task_name", "priority", "lock", "queueing_lock", "args", "scheduled_at")
 
 
 def as_kwargs(name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -60,6 +74,8 @@ class ProcrastinateArm(Arm):
         "dispatch": "bench.procrastinate_jobs:dispatch",
         "drain": "bench.procrastinate_jobs:drain",
         "kill": "bench.procrastinate_jobs:kill",
+        "enqueue_atomic": "bench.procrastinate_jobs:enqueue_atomic",
+        "bulk": "bench.procrastinate_jobs:bulk",
     }
 
     def __init__(self) -> None:
@@ -75,7 +91,8 @@ class ProcrastinateArm(Arm):
     def worker_argv(self, concurrency: int, ident: str, interval: float | None, queue: str = "default") -> list[str]:
         # interval: no cell sets one (procrastinate wakes on LISTEN/NOTIFY and polls every 5 s,
         # its default). queue: the worker runs on "default" (bench.procrastinate_worker).
-        return ["--concurrency", str(concurrency), "--ident", ident]
+        # concurrency 0 (drain_defaults): no flag, procrastinate's own default.
+        return [*(["--concurrency", str(concurrency)] if concurrency else []), "--ident", ident]
 
     def worker_id(self, ident: str) -> int | None:
         from bench.procrastinate_worker import id_file
@@ -127,7 +144,33 @@ class ProcrastinateArm(Arm):
         self.bulk_enqueue(task, calls)
 
     def fill_fast(self, task: Task, total: int) -> None:
-        raise NotImplementedError("no fast fill for procrastinate yet (bench.plan_procrastinate: the backlog cells)")
+        """The backlog cells' fill (not timed), in the caller's transaction: one job deferred
+        procrastinate's way (batch_defer, as `fill`), then copied total-1 times by one INSERT ...
+        SELECT of the columns procrastinate's defer statement writes; ids come from the table's
+        sequence, after the template's. Every copy goes through the table's row triggers as a
+        deferred job does (its `deferred` event row), except the per-row NOTIFY, switched off for
+        this one statement (ALTER TABLE ... DISABLE / ENABLE TRIGGER inside the transaction: no
+        other session ever sees it off). A backlog that grew over time had each notification
+        consumed as its job arrived; a million of them at one commit would measure the fill, not
+        the claim. The template's NOTIFY stays: at commit the idle workers wake as for one more
+        job on a big backlog (ox's trigger, per statement, likewise sends one)."""
+        # The workers are up: the periodic retry task's own job may be there already (not ours).
+        if self.counts():
+            raise RuntimeError("fill_fast needs an empty table (reset first)")
+        name = task.func.__name__
+        (template,) = self.task_for(task).batch_defer(as_kwargs(name, (), {}))
+        if total <= 1:
+            return
+        columns = ", ".join(DEFER_COLUMNS)
+        copied = ", ".join(f"src.{c}" for c in DEFER_COLUMNS)
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {JOBS} DISABLE TRIGGER {NOTIFY_TRIGGER}")
+            cursor.execute(
+                f"INSERT INTO {JOBS} ({columns}) SELECT {copied}"  # noqa: S608
+                f" FROM {JOBS} AS src CROSS JOIN generate_series(1, %s) WHERE src.id = %s",
+                [total - 1, template],
+            )
+            cursor.execute(f"ALTER TABLE {JOBS} ENABLE TRIGGER {NOTIFY_TRIGGER}")
 
     # ---- reading progress
     def tables(self) -> list[str]:
@@ -166,7 +209,23 @@ class ProcrastinateArm(Arm):
         return first, last
 
     def first_n(self, n: int) -> tuple[datetime | None, datetime | None, int]:
-        raise NotImplementedError("the backlog cells do not run procrastinate yet")
+        """From the events (the database's clock): the first `started`, the n-th earliest
+        `succeeded` of the benchmark's jobs, and how many that spans (fewer than n finished:
+        the last `succeeded` and their number)."""
+        tasks = self._bench_tasks()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT e.type::text, e.at FROM {EVENTS} e JOIN {JOBS} j ON j.id = e.job_id"  # noqa: S608
+                " WHERE e.type IN ('started', 'succeeded') AND j.task_name = ANY(%s)",
+                [tasks],
+            )
+            rows = cursor.fetchall()
+        starts = [at for kind, at in rows if kind == "started"]
+        finishes = sorted(at for kind, at in rows if kind == "succeeded")
+        first = min(starts) if starts else None
+        if len(finishes) >= n:
+            return first, finishes[n - 1], n
+        return first, finishes[-1] if finishes else None, len(finishes)
 
     def options(self) -> dict[str, Any]:
         import inspect
