@@ -2,10 +2,11 @@
 cell why not. Pure data, like bench.plan_pgqueuer.
 
 The limit is the bound, not a competitor (bench/README.md, "The limit"): bare psycopg SQL with no
-framework. It runs where a bound exists and is worth having: the sequential enqueue (one INSERT
-per commit) and the no-op drains (one claim UPDATE and one completion UPDATE per batch). A cell
-it could bound but has no job for says "not run yet"; one where a bare loop bounds nothing (it has
-no wake-up, no rescue, no limits of its own) says "cannot run" and why.
+framework. It runs where a bound exists and is worth having: the enqueues (one INSERT per commit,
+BEGIN / INSERT / COMMIT, one COPY per bulk call), the drains (one claim UPDATE and one completion
+UPDATE per batch) with the no-op and with the workloads, at 1 and 4 processes, and over deep
+backlogs. A cell where a bare loop bounds nothing (it has no wake-up, no rescue, no limits of its
+own, no Django connection handling) says "cannot run" and why.
 
 It joins a cell after pgqueuer and procrastinate and before oban, dj-queue and celery (bench.plan
 applies with_limit between them); the harness orders every table by bench.arms.ARM_NAMES, where
@@ -15,22 +16,19 @@ the limit comes last.
 from dataclasses import replace
 
 from bench.arms import DJANGO_ARMS
-from bench.plan import Cell
+from bench.plan import SIZES, WORKLOADS, Cell
 
 LIMIT = "limit"
-RUNS = frozenset({"enqueue_seq", "drain_c1", "drain_c4"})
+RUNS = frozenset(
+    {"enqueue_seq", "enqueue_atomic", "bulk_enqueue", "drain_c1", "drain_c4", "drain_p4_conn600"}
+    | {f"{workload}_c{c}" for workload in WORKLOADS for c in (1, 4)}
+    | {f"backlog_{size}_{shape}" for size in SIZES for shape in ("c1", "p4")}
+)
 
 POSTGRES_ONLY = (
     "cannot run: the limit is bare PostgreSQL SQL on psycopg (FOR UPDATE SKIP LOCKED); it has no SQLite or MariaDB form"
 )
 REASONS: dict[str, str] = {
-    "enqueue_atomic": (
-        "not run yet: its bound would be the same INSERT inside the caller's transaction (BEGIN, INSERT,"
-        " COMMIT); that job is not written yet"
-    ),
-    "bulk_enqueue": (
-        "not run yet: its bound would be one multi-row INSERT (or COPY) per call; that job is not written yet"
-    ),
     "dispatch": (
         "cannot run: the bare loop has no wake-up (no LISTEN/NOTIFY; it polls every 0.1 s when idle), so its"
         " enqueue-to-start latency would measure a chosen poll interval, not a limit"
@@ -40,15 +38,14 @@ REASONS: dict[str, str] = {
         " 'running'), so there is no recovery to bound"
     ),
     "drain_p4": (
-        "not run yet: these cells vary Django's connection handling, which the bare loop does not use (one"
-        " persistent psycopg connection per loop); one cell, 4 processes x 1 loop, would stand for all three"
+        "cannot run: these three cells vary Django's connection handling (CONN_MAX_AGE 0 / 600, Django's"
+        " pool), which the bare loop does not use (one persistent psycopg connection per loop): for the"
+        " limit the three are one measurement, 4 processes x 1 loop, run once as drain_p4_conn600"
     ),
-    "workload": (
-        "not run yet: a task that takes time is bounded by the task; the bare loop runs only the no-op so far"
-    ),
-    "backlog": (
-        "not run yet: the bare claim over a large backlog would bound these cells; needs a fast fill and the"
-        " first-n reading (fill_fast, first_n), not written yet"
+    "drain_defaults": (
+        "cannot run: the cell sets ox and pgqueuer each at its worker's defaults; the bare loop has no"
+        " defaults to set (one loop claiming 100 rows whatever the cell), so its figure for this backlog"
+        " is drain_c1's, which it runs"
     ),
     "ox_only": (
         "cannot run: an ox-only cell (ox against itself: its limits, unique tasks, workflows, NOTIFY trigger,"
@@ -72,10 +69,6 @@ def reason(cell: Cell) -> str | None:
         return REASONS[name]
     if name.startswith("drain_p4_"):
         return REASONS["drain_p4"]
-    if cell.params.get("task", "noop") != "noop":
-        return REASONS["workload"]
-    if name.startswith("backlog_"):
-        return REASONS["backlog"]
     return "not run yet: no limit job for this cell"
 
 

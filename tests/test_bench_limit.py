@@ -18,11 +18,24 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from bench import report
+from bench import limit_tasks, report
 from bench.arms import ARM_NAMES, ARMS
 from bench.harness import Harness
-from bench.limit_sql import INSERT, INSERT_MANY, PAYLOAD, TABLE, Loop, create_schema
-from bench.plan import build
+from bench.limit_jobs import batch_for
+from bench.limit_sql import (
+    ASYNC_SLOTS,
+    BATCH,
+    CLAIM,
+    INSERT,
+    INSERT_MANY,
+    INSERT_SERIES,
+    PAYLOAD,
+    TABLE,
+    Loop,
+    copy_payloads,
+    create_schema,
+)
+from bench.plan import WORKLOADS, build
 from bench.plan_limit import LIMIT, POSTGRES_ONLY, REASONS, RUNS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,10 +49,33 @@ def test_limit_is_an_arm_with_a_database_of_its_own():
     assert (settings, module, database) == ("bench.settings_limit", "bench.arms.limit", "oxbench_limit")
 
 
+# Every cell the limit runs, spelled out (RUNS is built from the plan's names; this is the check).
+RUNS_FULL = {
+    "enqueue_seq",
+    "enqueue_atomic",
+    "bulk_enqueue",
+    "drain_c1",
+    "drain_c4",
+    "drain_p4_conn600",
+    *(f"{w}_c{c}" for w in ("cpu_bound", "io_bound", "io_bound_async", "mixed") for c in (1, 4)),
+    *(f"backlog_{size}_{shape}" for size in ("10k", "100k", "1m") for shape in ("c1", "p4")),
+}
+RUNS_QUICK = {
+    "enqueue_seq",
+    "enqueue_atomic",
+    "bulk_enqueue",
+    "drain_c1",
+    "drain_c4",
+    "backlog_10k_c1",
+    "backlog_100k_c1",
+}
+
+
 def test_limit_runs_its_cells_and_says_why_for_every_other():
-    for mode in ("quick", "full"):
+    assert RUNS == RUNS_FULL
+    for mode, expected in (("quick", RUNS_QUICK), ("full", RUNS_FULL)):
         plan = build(mode)
-        assert {c.name for c in plan if LIMIT in c.arms} == RUNS, mode
+        assert {c.name for c in plan if LIMIT in c.arms} == expected, mode
         for cell in plan:
             if LIMIT in cell.arms:
                 assert LIMIT not in cell.cannot_run
@@ -51,8 +87,13 @@ def test_limit_runs_its_cells_and_says_why_for_every_other():
         by_name = {c.name: c for c in plan}
         for name in ("dispatch", "kill"):
             assert by_name[name].cannot_run[LIMIT] == REASONS[name]
-        assert by_name["enqueue_atomic"].cannot_run[LIMIT] == REASONS["enqueue_atomic"]
+        assert by_name["drain_defaults"].cannot_run[LIMIT] == REASONS["drain_defaults"]
         assert by_name["kill_pgq_recovery"].cannot_run[LIMIT] == "cannot run: a pgqueuer-only cell"
+        if mode == "full":
+            for name in ("drain_p4_conn0", "drain_p4_pool"):
+                assert by_name[name].cannot_run[LIMIT] == REASONS["drain_p4"]
+        # Nothing the limit could run is left without a job.
+        assert not [c.name for c in plan if c.cannot_run.get(LIMIT, "").startswith("not run yet")], mode
         assert by_name["procs_p1"].cannot_run[LIMIT] == REASONS["ox_only"]
         # The other arms' cells are as before: the limit joins, nobody moves or leaves.
         drain = by_name["drain_c1"].arms
@@ -194,3 +235,88 @@ def test_the_worker_process_drains_and_reports_its_statements(limit_db, tmp_path
     counts = json.loads(count_file.read_text())
     # 300 rows in batches of 50: at least 6 claims and 6 completions, plus the idle polls.
     assert counts["executes"] >= 12 and counts["begins"] == counts["commits"] == 0
+
+
+# ------------------------------------------------------------------ the workloads and the batch
+def test_the_workload_bodies_are_bench_tasks_own():
+    from bench import tasks
+
+    def code(function):
+        c = function.__code__
+        return c.co_code, c.co_consts, c.co_names, c.co_varnames
+
+    assert set(limit_tasks.TASKS) == {"noop", *WORKLOADS}
+    for name, function in limit_tasks.TASKS.items():
+        assert code(function) == code(getattr(tasks, name).func), name
+    assert code(limit_tasks.sha_rounds) == code(tasks.sha_rounds)
+
+
+def test_tasks_that_take_time_are_claimed_one_per_loop_async_ones_100_per_process():
+    for c in (1, 4):
+        assert batch_for("noop", c) == BATCH == 100
+        assert {batch_for(w, c) for w in WORKLOADS if w != "io_bound_async"} == {1}
+        assert batch_for("io_bound_async", c) * c == ASYNC_SLOTS == 100  # ox's --async-concurrency default
+
+
+def test_the_worker_argv_carries_the_batch():
+    from bench.arms.limit import LimitArm
+
+    arm = LimitArm()
+    assert arm.worker_argv(4, "w", None) == ["--concurrency", "4", "--ident", "w", "--batch", "100"]
+    arm.batch = 1
+    assert arm.worker_argv(1, "w", 1.0)[-2:] == ["--batch", "1"]
+
+
+def test_copy_and_the_series_fill_write_ready_rows_the_claim_finds_by_its_index(limit_db):
+    with psycopg.connect(limit_db, autocommit=True) as conn:
+        with conn.cursor() as cursor:  # the bulk cell's path: one COPY, a row per call
+            copy_payloads(cursor, [json.loads(PAYLOAD)] * 30)
+        assert conn.execute(f"SELECT count(*) FROM {TABLE} WHERE status = 'ready'").fetchone()[0] == 30  # noqa: S608
+        conn.execute(f"TRUNCATE {TABLE}")  # noqa: S608
+        with conn.transaction():  # the backlog cells' fill, ANALYZEd as the harness does
+            conn.execute(INSERT_SERIES, (PAYLOAD, 50_000))
+            conn.execute(f"ANALYZE {TABLE}")  # noqa: S608
+        rows = conn.execute(f"SELECT count(*), count(DISTINCT run_after), min(payload::text) FROM {TABLE}").fetchone()  # noqa: S608
+        assert rows[:2] == (50_000, 1) and json.loads(rows[2]) == json.loads(PAYLOAD)
+        # The claim reads the partial index in run order and probes the primary key per row: no
+        # sequential scan of the backlog (bench/README.md has the plan at 1,000,000 rows).
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (COSTS OFF) " + CLAIM.replace("%s", "100")))
+        assert f"Index Scan using {TABLE}_ready" in plan and f"Index Scan using {TABLE}_pkey" in plan, plan
+        assert "Seq Scan" not in plan, plan
+
+
+def test_loops_run_the_workloads_one_task_each_at_a_time(limit_db):
+    payloads = [{"task": name, "args": [], "kwargs": {}} for name in ("io_bound", "io_bound_async", "noop")] * 4
+    with psycopg.connect(limit_db, autocommit=True) as conn:
+        with conn.cursor() as cursor:
+            copy_payloads(cursor, payloads)
+    loops = [Loop(limit_db, batch=1, deadline=time.monotonic() + 60, keep_ids=True) for _ in range(3)]
+    threads = [threading.Thread(target=loop.run, kwargs={"until_empty": True}) for loop in loops]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=70)
+    assert sorted(i for loop in loops for i in loop.ran) == list(range(1, 13))
+    with psycopg.connect(limit_db) as conn:
+        done, overlap = conn.execute(
+            f"SELECT count(*), (SELECT max(n) FROM (SELECT count(*) AS n FROM {TABLE} a JOIN {TABLE} b"  # noqa: S608
+            " ON b.started_at <= a.started_at AND a.started_at < b.finished_at GROUP BY a.id) x)"
+            f" FROM {TABLE} WHERE status = 'done' AND finished_at - started_at >= interval '50 ms'"
+        ).fetchone()
+    assert done == 8  # the sleeps ran, the async one on the loop thread's event loop too
+    assert overlap <= 3  # a batch of 1: never more at once than there are loops
+
+
+def test_a_loop_runs_the_async_tasks_of_its_batch_at_once(limit_db):
+    with psycopg.connect(limit_db, autocommit=True) as conn:
+        with conn.cursor() as cursor:
+            copy_payloads(cursor, [{"task": "io_bound_async", "args": [], "kwargs": {}}] * 20)
+    loop = Loop(limit_db, batch=10, deadline=time.monotonic() + 60, keep_ids=True)
+    loop.run(until_empty=True)
+    assert sorted(loop.ran) == list(range(1, 21))
+    with psycopg.connect(limit_db) as conn:
+        batches, span = conn.execute(
+            f"SELECT count(DISTINCT finished_at), extract(epoch FROM max(finished_at) - min(started_at)) FROM {TABLE}"  # noqa: S608
+        ).fetchone()
+    # Two claims of 10, each batch's ten 50 ms sleeps at once: about 0.1 s, not 20 x 0.05 = 1 s.
+    assert batches == 2 and span < 0.6
