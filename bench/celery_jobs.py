@@ -37,3 +37,23 @@ def dispatch(arm: CeleryArm, p: Params) -> Result:
     from bench.celery_tasks import stamp
 
     return dispatch_with(arm, p, lambda key: stamp.delay(key), {"path": "stamp.delay(key)"})
+
+
+def bulk(arm: CeleryArm, p: Params) -> Result:
+    """The bulk_enqueue cell with Celery's one call for many tasks, `group(noop.s() x N).apply_async()`:
+    no bulk publish underneath (Celery has none), one message per task over one producer
+    connection (the group acquires one), each an LPUSH to Redis, outside any database transaction."""
+    from celery import group
+
+    from bench.celery_tasks import noop
+
+    jobs._reset(arm)
+    n = p["n"]
+    started = time.perf_counter()
+    group(noop.s() for _ in range(n)).apply_async()
+    elapsed = time.perf_counter() - started
+    written = int(arm.redis.llen(QUEUE))
+    if written != n:
+        raise RuntimeError(f"{written} queued messages after a group of {n}")
+    path = "group(noop.s() for each call).apply_async(): one publish per task, one producer"
+    return {"throughput": n / elapsed, "info": {"n": n, "seconds": elapsed, "path": path}}

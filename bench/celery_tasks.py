@@ -8,10 +8,13 @@ no worker-side start. A task_prerun handler writes, once per pool process, when 
 started its first task (HSETNX on a Redis hash, next to the results): one round trip per process
 lifetime, not per task. The drain's span runs from the earliest of those to the last date_done."""
 
+import asyncio
+import hashlib
 import os
 import time
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from celery.signals import task_prerun
 
 from bench.celery_app import app
@@ -57,4 +60,47 @@ def ledger(key: int, sleep_ms: int = 10) -> None:
     time.sleep(sleep_ms / 1000)
 
 
-BY_NAME = {"noop": noop, "stamp": stamp, "ledger": ledger}
+def sha_rounds(rounds: int) -> None:
+    """bench.tasks.sha_rounds (not imported: that module defines Django Tasks)."""
+    digest = b"ox-bench"
+    for _ in range(rounds):
+        digest = hashlib.sha256(digest).digest()
+
+
+# The workload cells' tasks, the bodies of bench/tasks.py. Celery runs no coroutines (a task is
+# a plain function in a pool process), so io_bound_async's coroutine runs through asgiref's
+# async_to_sync, what Django's Task.call does for an async task in a synchronous worker.
+@app.task
+def cpu_bound() -> None:
+    sha_rounds(100_000)
+
+
+@app.task
+def io_bound() -> None:
+    time.sleep(0.05)
+
+
+async def _sleep_async() -> None:
+    await asyncio.sleep(0.05)
+
+
+@app.task
+def io_bound_async() -> None:
+    async_to_sync(_sleep_async)()
+
+
+@app.task
+def mixed() -> None:
+    sha_rounds(50_000)
+    time.sleep(0.02)
+
+
+BY_NAME = {
+    "noop": noop,
+    "stamp": stamp,
+    "ledger": ledger,
+    "cpu_bound": cpu_bound,
+    "io_bound": io_bound,
+    "io_bound_async": io_bound_async,
+    "mixed": mixed,
+}

@@ -96,3 +96,57 @@ def dispatch(arm: ObanArm, p: Params) -> Result:
         asyncio.run_coroutine_threadsafe(pool.close(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+def enqueue_atomic(arm: ObanArm, p: Params) -> Result:
+    """The enqueue_atomic cell, oban's way: `async with conn.transaction(): await
+    Noop.enqueue(conn=conn)` on the caller's own async psycopg connection (autocommit, as Django's
+    is outside atomic()), so the job commits with the caller's transaction (BEGIN, oban's INSERT,
+    COMMIT); the connection opens before the clock starts and is kept across the samples."""
+    import psycopg
+
+    from bench.oban_workers import Noop
+
+    jobs._reset(arm)
+    n = p["n"]
+
+    async def work(oban: Any) -> list[float]:
+        samples = []
+        conn = await psycopg.AsyncConnection.connect(os.environ["BENCH_DB_URL"], autocommit=True)
+        try:
+            for _ in range(n):
+                started = time.perf_counter()
+                async with conn.transaction():
+                    await Noop.enqueue(conn=conn)
+                samples.append((time.perf_counter() - started) * 1000)
+        finally:
+            await conn.close()
+        return samples
+
+    samples = run_client(work)
+    written = arm.counts().get("available", 0)
+    if written != n:
+        raise RuntimeError(f"{written} available jobs after {n} enqueues")
+    path = "async with conn.transaction(): await Noop.enqueue(conn=conn)"
+    return {"latency_ms": samples, "info": {"n": n, "path": path}}
+
+
+def bulk(arm: ObanArm, p: Params) -> Result:
+    """The bulk_enqueue cell: `await oban.enqueue_many(jobs)` for N new no-op jobs (the Job objects
+    built inside the clock, as a caller does), on the client's pool connection, one transaction;
+    open-source oban sends one INSERT per job (bulk inserts are Oban Pro's)."""
+    from bench.oban_workers import Noop
+
+    jobs._reset(arm)
+    n = p["n"]
+
+    async def work(oban: Any) -> float:
+        started = time.perf_counter()
+        await oban.enqueue_many([Noop.new({}) for _ in range(n)])
+        return time.perf_counter() - started
+
+    elapsed = run_client(work)
+    counts = arm.counts()
+    if counts != {"available": n}:
+        raise RuntimeError(f"bulk enqueue of {n} left {counts}")
+    return {"throughput": n / elapsed, "info": {"n": n, "seconds": elapsed, "path": arm.bulk_path}}

@@ -1,19 +1,38 @@
 """Where the oban, dj-queue and celery arms stand in the matrix (bench.plan): the cells each runs,
 and for every other cell why not. Pure data, like bench.plan_pgqueuer and bench.plan_procrastinate.
 
-Issue 14 gives these three peers the enqueue, drain, dispatch and kill cells first; a cell one
-could run but has no job for yet says "not run yet", one it cannot run says "cannot run" and why.
+Issue 14 asks every peer in every cell it can run: RUNS holds each peer's cells (each validated by
+a run beside ox); a cell one could run but has no job for yet says "not run yet", one it cannot run
+says "cannot run" and why.
 """
 
 from collections.abc import Callable
 from dataclasses import replace
 
 from bench.arms import DJANGO_ARMS
-from bench.plan import Cell
+from bench.plan import SIZES, WORKLOADS, Cell
 
 OBAN, DJQUEUE, CELERY = "oban", "dj-queue", "celery"
 PEERS = (OBAN, DJQUEUE, CELERY)
-RUNS = frozenset({"enqueue_seq", "drain_c1", "drain_c4", "dispatch", "kill"})
+# The cells each peer runs, validated one by one (bench/README.md, each peer's section).
+FIRST = frozenset({"enqueue_seq", "drain_c1", "drain_c4", "dispatch", "kill"})
+WORKLOAD_CELLS = frozenset(f"{w}_c{c}" for w in WORKLOADS for c in (1, 4))
+DRAIN_P4 = frozenset({"drain_p4_conn0", "drain_p4_conn600", "drain_p4_pool"})
+BACKLOG_CELLS = frozenset(f"backlog_{size}_{shape}" for size in SIZES for shape in ("c1", "p4"))
+RUNS: dict[str, frozenset[str]] = {
+    OBAN: FIRST | {"enqueue_atomic", "bulk_enqueue", "drain_p4_conn600"} | WORKLOAD_CELLS | BACKLOG_CELLS,
+    # A Django Tasks backend whose processes use Django's connections: the shared jobs as for django-ox.
+    DJQUEUE: FIRST
+    | {"enqueue_atomic", "bulk_enqueue"}
+    | {"drain_p4_conn0", "drain_p4_conn600"}
+    | WORKLOAD_CELLS
+    | BACKLOG_CELLS
+    # dj-queue runs on SQLite (polling) and MariaDB too: the cells of those databases that are not
+    # ox against itself.
+    | {"sqlite_drain_c1", "sqlite_backlog_10k_c1", "sqlite_backlog_1m_c1"}
+    | {"mariadb_enqueue_seq", "mariadb_drain_c1", "mariadb_dispatch", "mariadb_kill"},
+    CELERY: FIRST | {"bulk_enqueue", "drain_p4_conn600"} | WORKLOAD_CELLS | BACKLOG_CELLS,
+}
 
 OBAN_POSTGRES_ONLY = (
     "cannot run: oban (Python) is PostgreSQL only (psycopg 3 pool, FOR UPDATE SKIP LOCKED, LISTEN/NOTIFY;"
@@ -30,20 +49,11 @@ COMMON: dict[str, str] = {
 }
 
 OBAN_REASONS: dict[str, str] = {
-    "enqueue_atomic": (
-        "not run yet: oban enqueues inside the caller's transaction (enqueue(conn=...) on an async psycopg"
-        " connection); that job is not written yet"
-    ),
-    "bulk_enqueue": (
-        "not run yet: oban's enqueue_many() is one INSERT per job on one connection (bulk inserts are Oban"
-        " Pro's); that job is not written yet"
-    ),
     "drain_p4": (
-        "not run yet: these cells vary Django's connection handling, which oban's workers do not use (their"
-        " own psycopg pool); one oban cell (4 processes at default:1) would stand for all three"
+        "cannot run: the drain_p4_* cells vary Django's connection handling, which oban's workers do not use"
+        " (their own psycopg pool); for oban the three are one measurement, run as drain_p4_conn600 (4"
+        " processes at default:1)"
     ),
-    "workload": "not run yet: needs the workload workers (oban runs async process() methods), not written yet",
-    "backlog": "not run yet: needs a fast fill of oban_jobs (one enqueued row copied by INSERT ... SELECT)",
     "flow": (
         "cannot run: the cell compares ox with and without its LIMITS / unique tasks, ox against itself; global"
         " limits and unique jobs are Oban Pro features"
@@ -51,13 +61,12 @@ OBAN_REASONS: dict[str, str] = {
 }
 
 DJQUEUE_REASONS: dict[str, str] = {
-    "enqueue_atomic": "not run yet: the shared job would run (task.enqueue() in atomic()); not validated yet",
-    "bulk_enqueue": "not run yet: the shared job would run (backend.enqueue_all()); not validated yet",
-    "drain_p4": "not run yet: the shared drain at 4 processes x 1 thread; not validated yet",
-    "workload": "not run yet: the shared workload tasks would run (a Django Tasks backend); not validated yet",
-    "backlog": (
-        "not run yet: needs a fast fill that writes dj_queue_ready_executions along with dj_queue_jobs"
-        " (the shared fill_fast copies one table)"
+    "drain_p4_pool": (
+        "cannot run: dj-queue's default fork mode forks its worker and dispatcher from a supervisor that"
+        " already holds Django's psycopg pool, and connections.close_all() before the fork returns the"
+        " connections to that pool without closing it, so the processes share pooled connections: in run"
+        " 20261204T222608Z they failed with psycopg ProgrammingError (\"the last operation didn't produce"
+        ' records"), 2 of 10,000 tasks done in 90 s (its async mode, not the default, would be another cell)'
     ),
     "sqlite": "not run yet: dj-queue supports SQLite (polling only); the SQLite cells are not validated for it",
     "mariadb": "not run yet: dj-queue supports MariaDB; the MariaDB cells are ox and django-ox only so far",
@@ -72,15 +81,11 @@ CELERY_REASONS: dict[str, str] = {
         "cannot run: celery's enqueue is a Redis publish, not part of the database transaction (there is no"
         " enqueue to commit with the caller's rows; transaction.on_commit() only delays the publish)"
     ),
-    "bulk_enqueue": (
-        "not run yet: celery has no bulk publish (group().apply_async() sends one message per task); not written"
-    ),
     "drain_p4": (
-        "not run yet: these cells vary Django's connection handling, which celery's queue does not use;"
-        " one celery cell (4 workers at --concurrency 1) would stand for all three"
+        "cannot run: the drain_p4_* cells vary Django's connection handling, which celery's queue does not use"
+        " (a no-op task never touches the database); for celery the three are one measurement, run as"
+        " drain_p4_conn600 (4 workers at --concurrency 1)"
     ),
-    "workload": "not run yet: needs the workload tasks as celery tasks, not written yet",
-    "backlog": "not run yet: needs a fast fill of the Redis list (one message copied), not written yet",
     "flow": (
         "cannot run: the cell compares ox with and without its LIMITS / unique tasks, ox against itself;"
         " celery's rate_limit is per worker and would need a cell of its own"
@@ -89,7 +94,7 @@ CELERY_REASONS: dict[str, str] = {
 
 
 def _reason(cell: Cell, peer: str, reasons: dict[str, str], other_db: Callable[[Cell], str]) -> str | None:
-    if cell.name in RUNS:
+    if cell.name in RUNS[peer]:
         return None
     if cell.arms and not set(cell.arms) & set(DJANGO_ARMS):
         return f"cannot run: a {', '.join(cell.arms)}-only cell"
@@ -102,10 +107,6 @@ def _reason(cell: Cell, peer: str, reasons: dict[str, str], other_db: Callable[[
         return reasons["drain_p4"]
     if "variants" in cell.params:
         return reasons["flow"]
-    if cell.params.get("task", "noop") != "noop":
-        return reasons["workload"]
-    if name.startswith("backlog_"):
-        return reasons["backlog"]
     if name.startswith("procs_"):
         return COMMON["procs"]
     if name.startswith("notify_"):
@@ -114,6 +115,8 @@ def _reason(cell: Cell, peer: str, reasons: dict[str, str], other_db: Callable[[
 
 
 def _djqueue_other_db(cell: Cell) -> str:
+    if "variants" in cell.params:  # ox against itself on any database
+        return DJQUEUE_REASONS["flow"]
     return DJQUEUE_REASONS["sqlite" if cell.db == "sqlite" else "mariadb"]
 
 

@@ -143,7 +143,8 @@ def test_backlog_cells_plan():
             assert p["processes"] == {"c1": 1, "p4": 4}[shape]
             assert p["worker_env"]["BENCH_CONN_MAX_AGE"] == 600
             assert cell.db == ("sqlite" if name.startswith("sqlite_") else "pg")
-            assert set(cell.arms) == {"ox", "django-tasks-db", "django-ox"}
+            # The Django arms run every backlog cell; the peers that join one say so in their own tests.
+            assert {"ox", "django-tasks-db", "django-ox"} <= set(cell.arms)
             assert cell.series == (f"{'sqlite_' if cell.db == 'sqlite' else ''}backlog_{shape}", "backlog", p["total"])
     # Full: the same 10,000 tasks measured at every backlog size.
     assert {c.params["n"] for n, c in full.items() if "backlog" in n} == {10_000}

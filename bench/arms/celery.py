@@ -58,6 +58,26 @@ end
 return n
 """
 
+# fill_fast's copies: ARGV = the template message, its task id, its delivery tag, the first copy's
+# number, how many. Each copy is the template with both uuids' last 12 hex digits replaced by the
+# copy's number (the uuids' dashes escaped for Lua's patterns), LPUSHed behind it.
+COPY = """
+local msg, tid, tag = ARGV[1], ARGV[2], ARGV[3]
+local first, n = tonumber(ARGV[4]), tonumber(ARGV[5])
+local tid_pat, tag_pat = tid:gsub('%-', '%%-'), tag:gsub('%-', '%%-')
+local tid_head, tag_head = tid:sub(1, 24), tag:sub(1, 24)
+local batch = {}
+for i = first, first + n - 1 do
+  local suffix = string.format('%012x', i)
+  local copy = msg:gsub(tid_pat, tid_head .. suffix):gsub(tag_pat, tag_head .. suffix)
+  batch[#batch + 1] = copy
+  if #batch == 1000 then redis.call('LPUSH', KEYS[1], unpack(batch)); batch = {} end
+end
+if #batch > 0 then redis.call('LPUSH', KEYS[1], unpack(batch)) end
+return redis.call('LLEN', KEYS[1])
+"""
+COPY_CHUNK = 50_000  # copies per script call: Redis serves nobody else while one runs
+
 
 def redis_client() -> Any:
     """The arm's Redis database (settings.REDIS_URL: db 5 unless BENCH_CELERY_REDIS_DB says otherwise)."""
@@ -70,12 +90,13 @@ def redis_client() -> Any:
 class CeleryArm(Arm):
     name = "celery"
     launcher = "celery"  # `python -m celery ...` on the celery venv's interpreter
-    bulk_path = "none: task.apply_async() per task"
+    bulk_path = "group(...).apply_async(): one publish per task (Celery has no bulk send)"
     done_status = "SUCCESS"
     terminal_statuses = ("SUCCESS", "FAILURE")
     job_overrides = {
         "enqueue_seq": "bench.celery_jobs:enqueue_seq",
         "dispatch": "bench.celery_jobs:dispatch",
+        "bulk": "bench.celery_jobs:bulk",
     }
 
     def __init__(self) -> None:
@@ -176,7 +197,27 @@ class CeleryArm(Arm):
             self.redis.delete(*leftovers)
 
     def fill_fast(self, task: Task, total: int) -> None:
-        raise NotImplementedError("no fast fill for celery yet (bench.plan_peers: the backlog cells)")
+        """The backlog cells' fill, as Arm.fill_fast does it for the database arms: one message
+        published the ordinary way (staged, as `fill` does), then copied total-1 times inside Redis
+        by one script per chunk (COPY), each copy with its own task id and kombu delivery tag (the
+        template's with the last 12 hex digits replaced by the copy's number: a shared id would
+        share one result record, a shared tag one `unacked` entry). Released at the commit, as
+        `fill` is."""
+        if self.redis.llen(STAGE + QUEUE) or self.redis.llen(QUEUE):
+            raise RuntimeError("fill_fast needs an empty queue (reset first)")
+        from bench.celery_app import app
+        from bench.celery_tasks import BY_NAME
+
+        celery_task = BY_NAME[task.func.__name__]
+        with app.connection_for_write(transport_options={"global_keyprefix": STAGE}) as conn:
+            celery_task.apply_async(producer=app.amqp.Producer(conn))
+        raw = self.redis.lindex(STAGE + QUEUE, 0)
+        message = json.loads(raw)
+        task_id, tag = message["headers"]["id"], message["properties"]["delivery_tag"]
+        for start in range(1, total, COPY_CHUNK):
+            count = min(COPY_CHUNK, total - start)
+            self.redis.eval(COPY, 1, STAGE + QUEUE, raw, task_id, tag, start, count)
+        self.release_on_commit(total)
 
     # ---- reading progress
     def _metas(self) -> list[dict[str, Any]]:
@@ -204,7 +245,16 @@ class CeleryArm(Arm):
         return span_of(starts, self._metas(), self.released_at)
 
     def first_n(self, n: int) -> tuple[datetime | None, datetime | None, int]:
-        raise NotImplementedError("the backlog cells do not run celery yet")
+        """span()'s first start and checks, with the n-th earliest SUCCESS date_done (fewer done:
+        the last, and their number)."""
+        from bench.celery_tasks import FIRST_START_KEY
+
+        metas = self._metas()
+        first, last = span_of([float(v) for v in self.redis.hvals(FIRST_START_KEY)], metas, self.released_at)
+        ends = sorted(_utc(datetime.fromisoformat(m["date_done"])) for m in metas if m["status"] == "SUCCESS")
+        if len(ends) >= n:
+            return first, ends[n - 1], n
+        return first, last, len(ends)
 
     def options(self) -> dict[str, Any]:
         from importlib import metadata

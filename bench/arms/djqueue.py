@@ -16,11 +16,11 @@ the drain's span runs from the backlog's commit (bench.jobs.drain: never before 
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Max, Min
 from django.tasks import Task
 
@@ -61,7 +61,8 @@ class DjQueueArm(Arm):
         self.model = Job
         # ident -> job ids seen claimed by that worker's process tree: a process row pruned after
         # its heartbeat expired leaves its claimed rows with process NULL; they are still the dead one's.
-        self.seen: dict[str, set[str]] = {}
+        self.seen: dict[str, set[Any]] = {}
+        self.committed_at: datetime | None = None  # when the last fill's transaction had committed
 
     # ---- workers
     def worker_argv(self, concurrency: int, ident: str, interval: float | None, queue: str = "default") -> list[str]:
@@ -70,17 +71,15 @@ class DjQueueArm(Arm):
         return ["dj_queue", "--config", str(overlay(concurrency))]
 
     def running_on(self, ident: str, pid: int) -> list[int]:
-        """Keys of the jobs claimed by the supervisor started as `pid` or by a process it forked."""
+        """Keys of the jobs claimed by the supervisor started as `pid` or by a process it forked.
+        Through the ORM, so the same on PostgreSQL, SQLite and MariaDB."""
+        from dj_queue.models import ClaimedExecution
+        from django.db.models import Q
+
         seen = self.seen.setdefault(ident, set())
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT c.job_id::text, j.payload FROM {CLAIMED} c JOIN {JOBS} j ON j.id = c.job_id"  # noqa: S608
-                f" LEFT JOIN {PROCESSES} p ON p.id = c.process_id"
-                f" LEFT JOIN {PROCESSES} s ON s.id = p.supervisor_id"
-                " WHERE p.pid = %s OR s.pid = %s OR (c.process_id IS NULL AND c.job_id::text = ANY(%s))",
-                [pid, pid, list(seen)],
-            )
-            rows = cursor.fetchall()
+        rows = ClaimedExecution.objects.filter(
+            Q(process__pid=pid) | Q(process__supervisor__pid=pid) | Q(process__isnull=True, job_id__in=list(seen))
+        ).values_list("job_id", "job__payload")
         keys = []
         for job_id, payload in rows:
             seen.add(job_id)
@@ -95,11 +94,44 @@ class DjQueueArm(Arm):
         return None  # the harness waits for the supervisor and its children to go idle
 
     # ---- enqueue
+    def fill(self, task: Task, calls: Calls) -> None:
+        super().fill(task, calls)
+        self.stamp_commit()
+
+    def stamp_commit(self) -> None:
+        """Note when the caller's transaction has committed (transaction.on_commit runs after
+        COMMIT returns): dj-queue keeps no start time, so the spans start there (span, first_n).
+        The drain and backlog jobs take their own clock before COMMIT, which would count the
+        commit itself (4.4 s for a 1M-job backlog and its 1M ready executions, run
+        20261204T225454Z) against dj-queue. No job can start before the commit (its rows are invisible
+        until then), and the stamp follows it by the commit's reply."""
+        self.committed_at = None
+        transaction.on_commit(lambda: setattr(self, "committed_at", datetime.now(UTC)))
+
     def bulk_enqueue(self, task: Task, calls: Calls) -> None:
         task.get_backend().enqueue_all([(task, list(a), dict(k)) for a, k in calls])
 
     def fill_fast(self, task: Task, total: int) -> None:
-        raise NotImplementedError("no fast fill for dj-queue yet (bench.plan_peers: the backlog cells)")
+        """Arm.fill_fast (one job written by enqueue_all, then copied by INSERT ... SELECT), plus
+        what dj-queue's enqueue writes beside a job: its ready execution. The template's ready row
+        is copied for every other job, in job id order (claims go by ready id, so the copies are
+        claimed in that order); these two tables are all a plain enqueue writes (checked: one
+        `noop` enqueue leaves rows in dj_queue_jobs and dj_queue_ready_executions only)."""
+        super().fill_fast(task, total)
+        if total <= 1:
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {READY} (job_id, backend_alias, queue_name, priority, created_at,"  # noqa: S608
+                " latency_started_at)"
+                " SELECT j.id, r.backend_alias, r.queue_name, r.priority, r.created_at, r.latency_started_at"
+                f" FROM {JOBS} j CROSS JOIN {READY} r WHERE j.id <> r.job_id ORDER BY j.id"
+            )
+            cursor.execute(f"SELECT (SELECT count(*) FROM {JOBS}), (SELECT count(*) FROM {READY})")  # noqa: S608
+            jobs, ready = cursor.fetchone()
+        if jobs != total or ready != total:
+            raise RuntimeError(f"fill_fast wrote {jobs} jobs and {ready} ready executions, {total} asked")
+        self.stamp_commit()
 
     # ---- reading progress
     def tables(self) -> list[str]:
@@ -131,10 +163,39 @@ class DjQueueArm(Arm):
         """(the first job's enqueue time, the last finish): the drain takes the later of the first
         value and its commit, so the span starts at the commit (see the module docstring)."""
         agg = self._successful().aggregate(first=Min("created_at"), last=Max("finished_at"))
-        return agg["first"], agg["last"]
+        return self._start(agg["first"]), agg["last"]
+
+    def _start(self, first: datetime | None) -> datetime | None:
+        # The later of the first enqueue and the commit's return (stamp_commit), when known.
+        if first is None or self.committed_at is None:
+            return first
+        return max(first, self.committed_at)
 
     def first_n(self, n: int) -> tuple[datetime | None, datetime | None, int]:
-        raise NotImplementedError("the backlog cells do not run dj-queue yet")
+        """(the first job's enqueue time, the n-th earliest finish, how many that spans): as span(),
+        the backlog job starts the span at its commit at the latest of the two (dj-queue keeps no
+        start time). Fewer than n finished: the last finish and their number."""
+        done = self._successful()
+        first = done.aggregate(first=Min("created_at"))["first"]
+        nth = list(done.order_by("finished_at").values_list("finished_at", flat=True)[n - 1 : n])
+        if nth:
+            return self._start(first), nth[0], n
+        return self._start(first), done.aggregate(last=Max("finished_at"))["last"], done.count()
+
+    def reset(self, extra_tables: Sequence[str]) -> None:
+        """Arm.reset; on MariaDB with foreign key checks off for the deletes (its checks are
+        immediate, and the jobs table comes before the execution tables that point at it;
+        PostgreSQL truncates with CASCADE, SQLite checks Django's deferred keys at the commit)."""
+        if connection.vendor != "mysql":
+            super().reset(extra_tables)
+            return
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION foreign_key_checks = 0")
+        try:
+            super().reset(extra_tables)
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SET SESSION foreign_key_checks = 1")
 
     def options(self) -> dict[str, Any]:
         from dataclasses import asdict, is_dataclass
