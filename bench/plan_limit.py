@@ -43,7 +43,7 @@ REASONS: dict[str, str] = {
         " limit the three are one measurement, 4 processes x 1 loop, run once as drain_p4_conn600"
     ),
     "drain_defaults": (
-        "cannot run: the cell sets ox and pgqueuer each at its worker's defaults; the bare loop has no"
+        "cannot run: the cell sets each arm at its worker's defaults; the bare loop has no"
         " defaults to set (one loop claiming 100 rows whatever the cell), so its figure for this backlog"
         " is drain_c1's, which it runs"
     ),

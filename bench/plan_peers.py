@@ -23,7 +23,7 @@ RUNS: dict[str, frozenset[str]] = {
     OBAN: FIRST | {"enqueue_atomic", "bulk_enqueue", "drain_p4_conn600"} | WORKLOAD_CELLS | BACKLOG_CELLS,
     # A Django Tasks backend whose processes use Django's connections: the shared jobs as for django-ox.
     DJQUEUE: FIRST
-    | {"enqueue_atomic", "bulk_enqueue"}
+    | {"enqueue_atomic", "bulk_enqueue", "drain_defaults"}
     | {"drain_p4_conn0", "drain_p4_conn600"}
     | WORKLOAD_CELLS
     | BACKLOG_CELLS
@@ -31,7 +31,7 @@ RUNS: dict[str, frozenset[str]] = {
     # ox against itself.
     | {"sqlite_drain_c1", "sqlite_backlog_10k_c1", "sqlite_backlog_1m_c1"}
     | {"mariadb_enqueue_seq", "mariadb_drain_c1", "mariadb_dispatch", "mariadb_kill"},
-    CELERY: FIRST | {"bulk_enqueue", "drain_p4_conn600"} | WORKLOAD_CELLS | BACKLOG_CELLS,
+    CELERY: FIRST | {"bulk_enqueue", "drain_p4_conn600", "drain_defaults"} | WORKLOAD_CELLS | BACKLOG_CELLS,
 }
 
 OBAN_POSTGRES_ONLY = (
@@ -49,6 +49,10 @@ COMMON: dict[str, str] = {
 }
 
 OBAN_REASONS: dict[str, str] = {
+    "drain_defaults": (
+        "cannot run: an oban queue has no default limit (`oban start --queues default:N` must name one, its"
+        " docs' example is 10): drain_c1 and drain_c4 are its runs at 1 and 4 at a time"
+    ),
     "drain_p4": (
         "cannot run: the drain_p4_* cells vary Django's connection handling, which oban's workers do not use"
         " (their own psycopg pool); for oban the three are one measurement, run as drain_p4_conn600 (4"

@@ -91,9 +91,10 @@ def own_cells(cells: list[Cell]) -> list[Cell]:
             Cell(
                 "drain_defaults",
                 "drain",
-                "ox and pgqueuer each at its worker's defaults: drain_c1's no-op backlog, 1 worker; ox"
-                " runworker without flags (1 thread, prefetch up to 100), pgqueuer run() without a"
-                " concurrency_limit (batch_size 10 per dequeue, all picked jobs run at once)",
+                "each arm at its worker's defaults: drain_c1's no-op backlog, 1 worker; ox runworker"
+                " without flags (1 thread, prefetch up to 100), pgqueuer run() without a concurrency_limit"
+                " (batch_size 10 per dequeue, all picked jobs run at once); the peers that join it say"
+                " theirs in bench/README.md",
                 DRAIN_METRICS,
                 # concurrency 0: no setting at all (bench.arms.ox and bench.pgq_worker.limits)
                 {**drain.params, "concurrency": 0, "worker_env": PERSISTENT},

@@ -24,6 +24,7 @@ RUNS = frozenset(
         "drain_c1",
         "drain_c4",
         "drain_p4_conn600",
+        "drain_defaults",  # pgqueuer's own cell (bench.plan_pgqueuer); concurrency 0: no flag
         "dispatch",
         "kill",
         *(f"{w}_c{c}" for w in WORKLOADS for c in (1, 4)),
@@ -43,12 +44,6 @@ REASONS: dict[str, str] = {
         " pool), which procrastinate's worker does not use for the queue (its statements go through its"
         " own psycopg pool, DjangoConnector.get_worker_connector()) nor for the no-op task (no database"
         " access): for procrastinate the three are one measurement, run once as drain_p4_conn600"
-    ),
-    "drain_defaults": (
-        "not run yet: the cell is pgqueuer's own (bench.plan_pgqueuer, arms ox and pgqueuer, pinned by"
-        " tests/test_bench_pgqueuer.py); procrastinate's worker at its defaults is drain_c1's (its default"
-        " concurrency is 1, every other option at its default there too), and the arm runs concurrency 0"
-        " as no --concurrency flag: joining it is adding the cell to RUNS once that test allows a third arm"
     ),
     "procs": "cannot run: an ox-only series (ox's claim at 1..16 processes with database-side figures)",
     "notify": (

@@ -77,15 +77,17 @@ def record_worker_id(app: Any, path: Path | None) -> None:
     manager.register_worker = register_and_record
 
 
-async def run(app: Any, concurrency: int) -> None:
-    # What procrastinate's CLI does for `worker` (cli.execute_command, cli.worker_).
+async def run(app: Any, concurrency: int | None) -> None:
+    # What procrastinate's CLI does for `worker` (cli.execute_command, cli.worker_). No
+    # --concurrency (drain_defaults): procrastinate's own default.
+    options: dict[str, Any] = {} if concurrency is None else {"concurrency": concurrency}
     async with app.open_async() as opened:
-        await opened.run_worker_async(concurrency=concurrency, queues=["default"])
+        await opened.run_worker_async(queues=["default"], **options)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="bench.procrastinate_worker")
-    parser.add_argument("--concurrency", type=int, required=True)
+    parser.add_argument("--concurrency", type=int, default=None)
     parser.add_argument("--ident", required=True)
     args = parser.parse_args(argv)
 

@@ -53,7 +53,7 @@ def test_pgqueuer_runs_its_cells_and_says_why_for_every_other():
             if cell.db != "pg":
                 assert why == POSTGRES_ONLY
         by_name = {c.name: c for c in plan}
-        assert by_name["drain_defaults"].arms == ("ox", PGQUEUER)  # each at its defaults, side by side
+        assert by_name["drain_defaults"].arms[:2] == ("ox", PGQUEUER)  # each at its defaults, side by side
         assert by_name["drain_defaults"].params["concurrency"] == 0  # pgqueuer's: limits() == {}
         assert by_name["kill_pgq_recovery"].params["stall"] > 30  # past heartbeat_timeout's default
         # The Django arms' cells are as before: pgqueuer joins, nobody leaves (procrastinate joins

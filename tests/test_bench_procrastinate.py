@@ -24,6 +24,7 @@ QUICK = {
     "drain_c4",
     "dispatch",
     "kill",
+    "drain_defaults",
     "backlog_10k_c1",
     "backlog_100k_c1",
 }
@@ -62,19 +63,17 @@ def test_procrastinate_runs_its_cells_and_says_why_for_every_other():
         # The Django arms' cells and pgqueuer's are as before: procrastinate joins, nobody leaves.
         assert by_name["drain_c1"].arms[:5] == ("ox", "django-tasks-db", "django-ox", PGQUEUER, PROCRASTINATE)
         assert PROCRASTINATE in by_name["bulk_enqueue"].arms
-        # drain_defaults is pgqueuer's own cell with its two arms; procrastinate says why not.
-        assert by_name["drain_defaults"].arms == ("ox", PGQUEUER)
-        assert by_name["drain_defaults"].cannot_run[PROCRASTINATE] == REASONS["drain_defaults"]
-        assert REASONS["drain_defaults"].startswith("not run yet: ")
+        # drain_defaults is pgqueuer's own cell; procrastinate joins it at its own defaults.
+        assert by_name["drain_defaults"].arms[:3] == ("ox", PGQUEUER, PROCRASTINATE)
     full = {c.name: c for c in build("full")}
     # The three drain_p4 cells are one measurement for procrastinate: run once, the other two say so.
     assert PROCRASTINATE in full["drain_p4_conn600"].arms
     for name in ("drain_p4_conn0", "drain_p4_pool"):
         assert full[name].cannot_run[PROCRASTINATE] == REASONS["drain_p4"]
         assert REASONS["drain_p4"].startswith("cannot run: ") and "drain_p4_conn600" in REASONS["drain_p4"]
-    # Nothing left "not run yet" but drain_defaults; the SQLite backlog cells are PostgreSQL-only.
+    # Nothing left "not run yet"; the SQLite backlog cells are PostgreSQL-only.
     pending = {n for n, c in full.items() if c.cannot_run.get(PROCRASTINATE, "").startswith("not run yet")}
-    assert pending == {"drain_defaults"}
+    assert pending == set()
     assert full["sqlite_backlog_1m_c1"].cannot_run[PROCRASTINATE] == POSTGRES_ONLY
 
 
@@ -96,6 +95,35 @@ def fake_harness(tmp_path, cells, arms):
         "runs": [],
     }
     return harness
+
+
+def test_the_worker_without_concurrency_is_procrastinates_default():
+    # drain_defaults: the arm passes no --concurrency and the worker passes none on.
+    from bench.procrastinate_worker import run
+
+    seen = {}
+
+    class Opened:
+        async def run_worker_async(self, **options):
+            seen.update(options)
+
+    class App:
+        def open_async(self):
+            class Ctx:
+                async def __aenter__(self):
+                    return Opened()
+
+                async def __aexit__(self, *exc):
+                    return False
+
+            return Ctx()
+
+    import asyncio
+
+    asyncio.run(run(App(), None))
+    assert seen == {"queues": ["default"]}
+    asyncio.run(run(App(), 3))
+    assert seen == {"queues": ["default"], "concurrency": 3}
 
 
 def test_harness_records_and_prints_why_a_cell_did_not_run(tmp_path, monkeypatch, capsys):
@@ -121,6 +149,7 @@ def test_harness_records_and_prints_why_a_cell_did_not_run(tmp_path, monkeypatch
             "drain_c1-0-ox",
             "drain_c1-0-procrastinate",
             "drain_defaults-0-ox",
+            "drain_defaults-0-procrastinate",
             "mariadb_drain_c1-0-ox",
             "kill-0-ox",
             "kill-0-procrastinate",
@@ -132,7 +161,7 @@ def test_harness_records_and_prints_why_a_cell_did_not_run(tmp_path, monkeypatch
     assert drain["ratios"] == {PROCRASTINATE: 3.0} and "cannot_run" not in drain
     assert by[("kill", "stuck")]["arms"][PROCRASTINATE]["value"] == 1
     defaults = by[("drain_defaults", "throughput")]
-    assert set(defaults["arms"]) == {"ox"} and defaults["cannot_run"][PROCRASTINATE].startswith("not run yet: ")
+    assert set(defaults["arms"]) == {"ox", PROCRASTINATE} and PROCRASTINATE not in defaults.get("cannot_run", {})
     assert by[("mariadb_drain_c1", "throughput")]["cannot_run"] == {PROCRASTINATE: POSTGRES_ONLY}
     assert set(by[("kill_procrastinate_recovery", "finished")]["arms"]) == {PROCRASTINATE}
 
@@ -140,7 +169,7 @@ def test_harness_records_and_prints_why_a_cell_did_not_run(tmp_path, monkeypatch
     assert f"{PROCRASTINATE}: {POSTGRES_ONLY}" in printed
     notes = report.notes(doc)
     assert f"{PROCRASTINATE} {POSTGRES_ONLY} [mariadb_drain_c1]" in notes
-    assert any(n.startswith(f"{PROCRASTINATE} not run yet: ") and n.endswith("[drain_defaults]") for n in notes)
+    assert not any(n.startswith(f"{PROCRASTINATE} not run yet: ") for n in notes)
 
 
 def test_a_cell_no_selected_arm_runs_still_says_why(tmp_path, monkeypatch):

@@ -120,8 +120,8 @@ class CeleryArm(Arm):
             "worker",
             "--pool",
             "prefork",
-            "--concurrency",
-            str(concurrency),
+            # concurrency 0 (drain_defaults): no flag, Celery's default (one process per CPU).
+            *(["--concurrency", str(concurrency)] if concurrency else []),
             "--hostname",
             f"{ident}@%h",
             "--loglevel",

@@ -68,7 +68,8 @@ class DjQueueArm(Arm):
     def worker_argv(self, concurrency: int, ident: str, interval: float | None, queue: str = "default") -> list[str]:
         # interval: no cell sets one (dj-queue polls every 0.1 s and LISTENs on PostgreSQL).
         # queue: the default worker entry takes every queue ("*").
-        return ["dj_queue", "--config", str(overlay(concurrency))]
+        # concurrency 0 (drain_defaults): no overlay, dj-queue's own worker entry (3 threads).
+        return ["dj_queue", "--config", str(overlay(concurrency))] if concurrency else ["dj_queue"]
 
     def running_on(self, ident: str, pid: int) -> list[int]:
         """Keys of the jobs claimed by the supervisor started as `pid` or by a process it forked.
