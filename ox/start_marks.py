@@ -11,8 +11,10 @@ A task that kills its worker at once is still FAILED after MAX_LOST deaths; one 
 waited in the inboxes of workers that died no longer is.
 
 One round trip before the body, on the task's own connection, for attempts after the first
-only. If the mark cannot be written, or the claim is no longer this worker's, the body does
-not start: the task is skipped and comes back when its lease runs out, never run unmarked.
+only. If the claim is no longer this worker's (fenced out), the body does not start. If the
+mark cannot be written (a database error), the body runs as it did before marks were written
+first, its mark coming with the heartbeat: skipping it would leave a task whose mark can never
+be written going round for ever (claimed, skipped, rescued uncounted), never run.
 """
 
 import logging
@@ -32,12 +34,12 @@ def needed(prep: Prepared) -> bool:
 
 
 def write(prep: Prepared) -> bool:
-    """Write the mark now (in the task's thread): True if the body may start."""
+    """Write the mark now (in the task's thread): False if the claim is no longer ours."""
     try:
         return with_fresh_connection(prep.using, _write, prep)
     except DatabaseError as exc:
-        logger.warning("could not write the start mark of task %s, skipped: %r", prep.claimed.id, exc)
-        return False
+        logger.warning("could not write the start mark of task %s before its body: %r", prep.claimed.id, exc)
+        return True
 
 
 async def awrite(prep: Prepared) -> bool:
@@ -45,8 +47,8 @@ async def awrite(prep: Prepared) -> bool:
     try:
         return await in_pool_thread(prep.using, _write, prep)
     except DatabaseError as exc:
-        logger.warning("could not write the start mark of task %s, skipped: %r", prep.claimed.id, exc)
-        return False
+        logger.warning("could not write the start mark of task %s before its body: %r", prep.claimed.id, exc)
+        return True
 
 
 def _write(prep: Prepared) -> bool:

@@ -35,10 +35,11 @@ GENERIC = ("plan_cache_mode", "force_generic_plan")
 RESULT_CHANGED = "0A000"
 # Errors after which the session itself is still usable (a refused value, a changed table).
 _REFUSED = (DataError, IntegrityError, NotSupportedError, ProgrammingError)
-# A prepared statement the server session does not have (26000), or has already under the name
-# psycopg chose (42P05): a transaction pooler ox was not told about (POOLER) lends this client
-# server sessions other clients prepared on. Either way the statement did not run.
-_POOLED = ("26000", "42P05")
+# A prepared statement the server session does not have (26000), has already under the name
+# psycopg chose (42P05), or has with another statement's parameters (08P01): a transaction
+# pooler ox was not told about (POOLER) lends this client server sessions other clients
+# prepared on. In each case the statement did not run.
+_POOLED = ("26000", "42P05", "08P01")
 # Set on a Django connection wrapper once its sessions showed a pooler: it prepares no more.
 UNPREPARED_ATTR = "_ox_unprepared"
 # psycopg's prepare_threshold when Django leaves it None, which refuses even an explicit
@@ -105,46 +106,61 @@ def _run(conn: BaseDatabaseWrapper, text: str, params: Sequence[object]) -> list
         return prepared.fetchall()
 
 
-# Set on a psycopg connection (one server session) once a producer's write has run on it.
-_WRITTEN_ATTR = "_ox_written"
-
-
-def _once_before(conn: BaseDatabaseWrapper) -> bool:
-    """Whether a producer's write ran on this session before (and note that one has now)."""
-    conn.ensure_connection()
-    raw = conn.connection
-    if getattr(raw, _WRITTEN_ATTR, False):
-        return True
-    setattr(raw, _WRITTEN_ATTR, True)
-    return False
+# Set on a psycopg connection once its first producer's write has shown whether it reaches the
+# server directly: True (prepare from now on) or False (a pooler is in the way: never).
+_DIRECT_ATTR = "_ox_direct"
 
 
 def write(conn: BaseDatabaseWrapper, text: str, params: Sequence[object], prepare: bool) -> int:
     """Run a producer's write (enqueue's INSERT) and return its row count: prepared when
-    `prepare` (ox OPTIONS POOLER says no transaction pooler is in the way), else as Django
-    runs any statement.
+    `prepare` (ox OPTIONS POOLER does not say a transaction pooler is in the way) and the
+    session is known to reach the server directly, else as Django runs any statement.
 
     This is the application's own connection, not the worker's: nothing about its session
     changes but the one statement prepared (PostgreSQL's own custom-or-generic choice plans
     it; an INSERT ... VALUES plans the same either way). Parsing and planning the INSERT is
-    about a sixth of an autocommit enqueue's round trip. Preparing costs a round trip of its
-    own, so the first write on a session runs unprepared: a connection opened for one request
-    (CONN_MAX_AGE 0) that enqueues once never pays for a statement it would not run again. If
-    a pooler shows itself anyway (a
-    statement the server session lacks, or already has), the connection prepares no more and,
-    outside a transaction, the statement runs again unprepared; inside the caller's atomic()
-    the transaction is lost and the error is raised."""
-    if prepare and not getattr(conn, UNPREPARED_ATTR, False) and _once_before(conn):
-        try:
-            with _cursor(conn) as cursor:
-                cursor.execute(text, params)
-                return cursor.rowcount
-        except DatabaseError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) not in _POOLED:
-                raise
-            setattr(conn, UNPREPARED_ATTR, True)
-            if conn.in_atomic_block or not conn.get_autocommit():
-                raise
-    with conn.cursor() as plain:
-        plain.execute(text, params)
-        return plain.rowcount
+    about a sixth of an autocommit enqueue's round trip.
+
+    A session's first write runs unprepared (preparing is a round trip of its own: a
+    connection opened for one request, CONN_MAX_AGE 0, that enqueues once never pays for it)
+    and returns the server's process id: a connection made through a pooler (PgBouncer,
+    either mode) was given the pooler's id, not the server's, and prepares nothing, ever. A
+    pooler it was not told of must not get a prepared statement: psycopg names them _pg3_0,
+    _pg3_1, ... on every connection alike, and a server session lent by a transaction pooler
+    may hold another client's statement under the name, which would run in place of this one.
+    If a prepared statement fails as a pooler's would (missing, name taken, another
+    statement's parameters), the connection prepares no more and, outside a transaction, the
+    statement runs again unprepared; inside the caller's atomic() the error is raised."""
+    if not prepare or getattr(conn, UNPREPARED_ATTR, False):
+        return _plain(conn, text, params)
+    conn.ensure_connection()
+    raw = conn.connection
+    direct = getattr(raw, _DIRECT_ATTR, None)
+    if direct is None:
+        with conn.cursor() as cursor:
+            cursor.execute(f"{text} RETURNING pg_backend_pid()", params)
+            row = cursor.fetchone()
+            count = cursor.rowcount
+        if row is not None:  # None: a unique insert that found its key held; next time
+            direct = row[0] == raw.pgconn.backend_pid
+            setattr(raw, _DIRECT_ATTR, direct)
+            if not direct:
+                setattr(conn, UNPREPARED_ATTR, True)
+        return count
+    try:
+        with _cursor(conn) as cursor:
+            cursor.execute(text, params)
+            return cursor.rowcount
+    except DatabaseError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) not in _POOLED:
+            raise
+        setattr(conn, UNPREPARED_ATTR, True)
+        if conn.in_atomic_block or not conn.get_autocommit():
+            raise
+    return _plain(conn, text, params)
+
+
+def _plain(conn: BaseDatabaseWrapper, text: str, params: Sequence[object]) -> int:
+    with conn.cursor() as cursor:
+        cursor.execute(text, params)
+        return cursor.rowcount
