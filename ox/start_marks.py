@@ -6,7 +6,8 @@ a mark, as does one killed while the task still waited in its inbox, prefetched 
 On a task's first attempt the rescue cannot tell the two apart, and counts the loss toward
 MAX_LOST: the task may be what kills its workers. From the second attempt on (a retry, or a
 claim after a loss) the task's own thread writes the mark before the body starts, so a lost
-attempt without one never started, and the rescue does not count it (ox.sql.rescue_and_mark).
+attempt without one did not start (but for the database error below), and the rescue does not
+count it (ox.sql.rescue_and_mark).
 A task that kills its worker at once is still FAILED after MAX_LOST deaths; one that only
 waited in the inboxes of workers that died no longer is.
 
