@@ -16,7 +16,7 @@ from django.tasks import task
 from ox.db.postgresql.prepared import UNPREPARED_ATTR
 from ox.models import Attempt, Outcome, Status, Task
 from tests import flow_tasks, start_mark_tasks, tasks
-from tests.helpers import wait_until
+from tests.helpers import in_fresh_thread, wait_until
 from tests.pgbouncer import pgbouncer_fixture  # noqa: F401  (the fixture "pgbouncer")
 from tests.test_durability import options
 
@@ -198,7 +198,7 @@ def test_aenqueue_from_many_coroutines():
         await asyncio.gather(*(tasks.echo.aenqueue(i) for i in range(30)))
         await asyncio.gather(*(flow_tasks.unique_all.aenqueue(i % 3) for i in range(12)))
 
-    asyncio.run(main())
+    in_fresh_thread(lambda: asyncio.run(main()))
     assert Task.objects.filter(task_path="tests.tasks.echo").count() == 30
     assert Task.objects.filter(task_path="tests.flow_tasks.unique_all").count() == 3
 

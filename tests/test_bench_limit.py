@@ -37,6 +37,7 @@ from bench.limit_sql import (
 )
 from bench.plan import WORKLOADS, build
 from bench.plan_limit import LIMIT, POSTGRES_ONLY, REASONS, RUNS
+from tests.helpers import in_fresh_thread
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = os.environ.get("OX_LIMIT_TEST_PG", "postgres://postgres@127.0.0.1:5432")
@@ -312,7 +313,7 @@ def test_a_loop_runs_the_async_tasks_of_its_batch_at_once(limit_db):
         with conn.cursor() as cursor:
             copy_payloads(cursor, [{"task": "io_bound_async", "args": [], "kwargs": {}}] * 20)
     loop = Loop(limit_db, batch=10, deadline=time.monotonic() + 60, keep_ids=True)
-    loop.run(until_empty=True)
+    in_fresh_thread(lambda: loop.run(until_empty=True))  # its event loop, not one a test left here
     assert sorted(loop.ran) == list(range(1, 21))
     with psycopg.connect(limit_db) as conn:
         batches, span = conn.execute(

@@ -16,6 +16,7 @@ from bench.harness import Harness
 from bench.pgq_worker import _in_thread, decode, encode, limit_argv, limits, manager_id, parse_args
 from bench.plan import WORKLOADS, build
 from bench.plan_pgqueuer import PGQUEUER, POSTGRES_ONLY, RUNS
+from tests.helpers import in_fresh_thread
 
 OWN = {"drain_defaults", "kill_pgq_recovery"}
 # Every cell pgqueuer runs, by mode, spelled out (RUNS is derived: this pins it).
@@ -240,13 +241,13 @@ def test_workload_bodies_are_bench_tasks_bodies(monkeypatch):
         body = tasks.WORKLOADS[name].func
         result = body()
         if inspect.iscoroutine(result):
-            asyncio.run(result)
+            in_fresh_thread(lambda result=result: asyncio.run(result))
         django_calls = list(calls)
         calls.clear()
         ours = pgq_workloads.BLOCKING.get(name) or pgq_workloads.io_bound_async
         result = ours()
         if inspect.iscoroutine(result):
-            asyncio.run(result)
+            in_fresh_thread(lambda result=result: asyncio.run(result))
         assert calls == django_calls and calls, name
 
 
@@ -254,8 +255,13 @@ def test_blocking_workloads_run_in_a_thread_as_pgqueuer_asks():
     seen: list[int] = []
     entry = _in_thread(lambda: seen.append(threading.get_ident()))
     assert inspect.iscoroutinefunction(entry)  # pgqueuer's executor refuses a plain def
-    asyncio.run(entry(None))
-    assert seen and seen[0] != threading.get_ident()
+
+    async def main() -> int:
+        await entry(None)
+        return threading.get_ident()  # the event loop's thread
+
+    loop_thread = in_fresh_thread(lambda: asyncio.run(main()))
+    assert seen and seen[0] != loop_thread
 
 
 def test_a_workload_cell_asks_its_workers_for_its_entrypoint():

@@ -120,9 +120,11 @@ def test_the_worker_without_concurrency_is_procrastinates_default():
 
     import asyncio
 
-    asyncio.run(run(App(), None))
+    from tests.helpers import in_fresh_thread
+
+    in_fresh_thread(lambda: asyncio.run(run(App(), None)))
     assert seen == {"queues": ["default"]}
-    asyncio.run(run(App(), 3))
+    in_fresh_thread(lambda: asyncio.run(run(App(), 3)))
     assert seen == {"queues": ["default"], "concurrency": 3}
 
 
