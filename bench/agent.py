@@ -19,10 +19,10 @@ def main() -> None:
         import django
 
         django.setup()
-        from bench import jobs, scale
+        from bench import jobs, producers, scale
         from bench.arms import load
 
-        registry = {**jobs.JOBS, **scale.JOBS}
+        registry = {**jobs.JOBS, **scale.JOBS, **producers.JOBS}
         arm = load(job["arm"])
         if job["job"] in arm.job_overrides:  # an arm that is not a Django backend (pgqueuer)
             module, name = arm.job_overrides[job["job"]].split(":")

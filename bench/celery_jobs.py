@@ -10,6 +10,7 @@ from typing import Any
 from bench import jobs
 from bench.arms.celery import QUEUE, CeleryArm
 from bench.peer_jobs import dispatch_with
+from bench.producer import Calls
 
 Params = dict[str, Any]
 Result = dict[str, Any]
@@ -57,3 +58,11 @@ def bulk(arm: CeleryArm, p: Params) -> Result:
         raise RuntimeError(f"{written} queued messages after a group of {n}")
     path = "group(noop.s() for each call).apply_async(): one publish per task, one producer"
     return {"throughput": n / elapsed, "info": {"n": n, "seconds": elapsed, "path": path}}
+
+
+def producer() -> Calls:
+    """An enqueue_p* producer's enqueue (bench.producer): enqueue_seq's call, `noop.delay()`, a
+    publish to Redis (LPUSH), not a database commit: no transaction is involved."""
+    from bench.celery_tasks import noop
+
+    return Calls(noop.delay, "task.delay()")

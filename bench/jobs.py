@@ -161,7 +161,8 @@ def drain(arm: Arm, p: Params) -> Result:
 def dispatch(arm: Arm, p: Params) -> Result:
     """An idle worker (one process, concurrency 1): enqueue one task, commit, and measure
     until the task's first line reads the clock. Between samples a random pause of
-    0..gap seconds, so samples land at random points of the worker's poll cycle."""
+    0..gap seconds, so samples land at random points of the worker's poll cycle. First, the idle
+    worker's CPU over `idle_s` seconds of an empty queue and its resident memory at their end."""
     _reset(arm)
     fleet = Fleet(arm, p)
     samples: list[float] = []
@@ -174,6 +175,9 @@ def dispatch(arm: Arm, p: Params) -> Result:
         time.sleep(p.get("idle_s", 3.0))
         cpu1, _ = procs.measure(fleet.procs)
         idle_pct = (cpu1 - cpu0) * 100 / p.get("idle_s", 3.0)
+        # And what it holds in memory then, before any sample: the worker and its descendants
+        # (dj-queue's supervisor with the worker and dispatcher it forks).
+        idle_rss_mb = procs.rss_kb(fleet.procs) / 1024
         for key in range(p["n"]):
             time.sleep(rng.uniform(0, p["gap"]))
             with transaction.atomic():
@@ -196,7 +200,7 @@ def dispatch(arm: Arm, p: Params) -> Result:
     finally:
         fleet.stop()
     info = {**fleet.info(), "n": p["n"], "timeouts": timeouts, "gap_s": p["gap"]}
-    return {"latency_ms": samples, "idle_cpu_pct": idle_pct, "info": info}
+    return {"latency_ms": samples, "idle_cpu_pct": idle_pct, "idle_rss_mb": idle_rss_mb, "info": info}
 
 
 def kill(arm: Arm, p: Params) -> Result:

@@ -15,6 +15,7 @@ from bench import jobs
 from bench.arms.limit import LimitArm
 from bench.limit_sql import ASYNC_SLOTS, BATCH, INSERT, PAYLOAD, copy_payloads, create_schema
 from bench.limit_tasks import TASKS
+from bench.producer import Calls
 from bench.tasks import noop
 
 Params = dict[str, Any]
@@ -116,3 +117,12 @@ def drain(arm: LimitArm, p: Params) -> Result:
     result = jobs.drain(arm, p)
     result.setdefault("info", {})["batch"] = arm.batch
     return result
+
+
+def producer() -> Calls:
+    """An enqueue_p* producer's enqueue (bench.producer): enqueue_seq's INSERT, one autocommit
+    transaction per call, on a psycopg connection of the producer's own."""
+    import psycopg
+
+    conn = psycopg.connect(os.environ["BENCH_DB_URL"], autocommit=True)
+    return Calls(lambda: conn.execute(INSERT, (PAYLOAD,)), INSERT, conn.close)

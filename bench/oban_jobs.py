@@ -150,3 +150,53 @@ def bulk(arm: ObanArm, p: Params) -> Result:
     if counts != {"available": n}:
         raise RuntimeError(f"bulk enqueue of {n} left {counts}")
     return {"throughput": n / elapsed, "info": {"n": n, "seconds": elapsed, "path": arm.bulk_path}}
+
+
+class ObanCalls:
+    """An enqueue_p* producer's enqueue (bench.producer): enqueue_seq's `await Noop.enqueue()` on an
+    oban client (no queues) over a pool of one psycopg connection, all of a round's calls awaited
+    back to back in one coroutine on the producer's own event loop, as enqueue_seq runs its N."""
+
+    path = "await Worker.enqueue()"
+
+    def __init__(self) -> None:
+        import asyncio
+
+        from oban import Oban
+        from psycopg_pool import AsyncConnectionPool
+
+        async def open_client() -> AsyncConnectionPool:
+            pool = AsyncConnectionPool(os.environ["BENCH_DB_URL"], min_size=1, max_size=1, open=False)
+            await pool.open()
+            Oban(pool=pool)  # the client Worker.enqueue() finds
+            return pool
+
+        self.loop = asyncio.new_event_loop()
+        self.pool = self.loop.run_until_complete(open_client())
+
+    def one(self) -> None:
+        from bench.oban_workers import Noop
+
+        self.loop.run_until_complete(Noop.enqueue())
+
+    def until(self, end_at: float) -> int:
+        from bench.oban_workers import Noop
+
+        async def calls() -> int:
+            count = 0
+            while time.time() < end_at:
+                await Noop.enqueue()
+                count += 1
+            return count
+
+        return self.loop.run_until_complete(calls())
+
+    def close(self) -> None:
+        try:
+            self.loop.run_until_complete(self.pool.close())
+        finally:
+            self.loop.close()
+
+
+def producer() -> ObanCalls:
+    return ObanCalls()

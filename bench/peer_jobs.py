@@ -21,7 +21,8 @@ def dispatch_with(arm: Arm, p: Params, enqueue: Callable[[int], None], info: dic
     """bench.jobs.dispatch with the arm's enqueue: an idle worker (one process, concurrency 1);
     `enqueue(key)` returns once the job is durable where the arm keeps it; then until the task's
     first line reads the clock (its ledger row). A random pause of 0..gap seconds between samples;
-    the idle worker's CPU over a few seconds of an empty queue first."""
+    the idle worker's CPU over a few seconds of an empty queue first, and its resident memory at
+    their end."""
     jobs._reset(arm)
     fleet = Fleet(arm, p)
     samples: list[float] = []
@@ -33,6 +34,9 @@ def dispatch_with(arm: Arm, p: Params, enqueue: Callable[[int], None], info: dic
         time.sleep(p.get("idle_s", 3.0))
         cpu1, _ = procs.measure(fleet.procs)
         idle_pct = (cpu1 - cpu0) * 100 / p.get("idle_s", 3.0)
+        # Its resident memory then, before any sample: the worker and its descendants (celery's
+        # main process and its pool process).
+        idle_rss_mb = procs.rss_kb(fleet.procs) / 1024
         for key in range(p["n"]):
             time.sleep(rng.uniform(0, p["gap"]))
             enqueue(key)
@@ -56,4 +60,4 @@ def dispatch_with(arm: Arm, p: Params, enqueue: Callable[[int], None], info: dic
     finally:
         fleet.stop()
     out = {**fleet.info(), "n": p["n"], "timeouts": timeouts, "gap_s": p["gap"], "peak_rss_mb": hwm_kb / 1024, **info}
-    return {"latency_ms": samples, "idle_cpu_pct": idle_pct, "info": out}
+    return {"latency_ms": samples, "idle_cpu_pct": idle_pct, "idle_rss_mb": idle_rss_mb, "info": out}

@@ -17,6 +17,7 @@ from bench import jobs
 from bench.arms.pgqueuer import PgqueuerArm
 from bench.fleet import REPO
 from bench.peer_jobs import dispatch_with
+from bench.producer import Calls
 from bench.tasks import noop
 
 Params = dict[str, Any]
@@ -181,3 +182,10 @@ def dispatch(arm: PgqueuerArm, p: Params) -> Result:
         )
     finally:
         conn.close()
+
+
+def producer() -> Calls:
+    """An enqueue_p* producer's enqueue (bench.producer): enqueue_seq's call, `SyncQueries.enqueue("noop",
+    None)` on a psycopg connection of the producer's own, autocommit (one statement each)."""
+    queries, conn = _queries()
+    return Calls(lambda: queries.enqueue("noop", None), 'SyncQueries.enqueue("noop", None)', conn.close)

@@ -43,6 +43,13 @@ DRAIN_METRICS = (
     Metric("statements_per_task", "statements_per_task", "stmts", False),
 )
 LATENCY = tuple(Metric("latency_ms", f"latency_{q}", "ms", False, q) for q in ("p50", "p95"))
+DISPATCH_METRICS = (
+    *LATENCY,
+    Metric("latency_ms", "latency_p99", "ms", False, "p99"),
+    Metric("idle_cpu_pct", "idle_cpu", "% of a core", False),
+    # VmRSS of the idle worker and its descendants at the end of idle_s, before any sample.
+    Metric("idle_rss_mb", "idle_rss", "MiB", False),
+)
 KILL_METRICS = (
     Metric("finished", "finished", "tasks", True, "sum"),
     Metric("stuck", "stuck", "tasks", False, "sum"),
@@ -364,12 +371,9 @@ def build(mode: str) -> list[Cell]:
         Cell(
             "dispatch",
             "dispatch",
-            "idle worker: enqueue commit -> task start, random pause of 0..1 s between samples",
-            (
-                *LATENCY,
-                Metric("latency_ms", "latency_p99", "ms", False, "p99"),
-                Metric("idle_cpu_pct", "idle_cpu", "% of a core", False),
-            ),
+            "idle worker: enqueue commit -> task start, random pause of 0..1 s between samples; first its CPU"
+            " over idle_s seconds of an empty queue and its resident memory (VmRSS with its descendants) then",
+            DISPATCH_METRICS,
             {"n": 10 if quick else 200, "gap": 1.0, "idle_s": 2.0 if quick else 5.0, "worker_env": PERSISTENT},
             timeout=900,
         )
@@ -435,5 +439,6 @@ def build(mode: str) -> list[Cell]:
     from bench.plan_peers import with_peers  # oban, dj-queue, celery: it builds on this module's Cell
     from bench.plan_pgqueuer import with_pgqueuer  # the same
     from bench.plan_procrastinate import with_procrastinate  # the same
+    from bench.plan_scale import with_scale  # enqueue_p*, drain_p2/_p8 (every arm): the same
 
-    return with_peers(with_limit(with_procrastinate(with_pgqueuer(cells))))
+    return with_peers(with_limit(with_procrastinate(with_pgqueuer(with_scale(cells, quick)))))

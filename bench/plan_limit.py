@@ -17,12 +17,16 @@ from dataclasses import replace
 
 from bench.arms import DJANGO_ARMS
 from bench.plan import SIZES, WORKLOADS, Cell
+from bench.plan_scale import DRAIN_CELLS, ENQUEUE_CELLS
 
 LIMIT = "limit"
 RUNS = frozenset(
     {"enqueue_seq", "enqueue_atomic", "bulk_enqueue", "drain_c1", "drain_c4", "drain_p4_conn600"}
     | {f"{workload}_c{c}" for workload in WORKLOADS for c in (1, 4)}
     | {f"backlog_{size}_{shape}" for size in SIZES for shape in ("c1", "p4")}
+    # enqueue_p*: its producers' bare INSERT (bench.limit_jobs.producer); drain_p2/_p8: one loop
+    # per process, batch 100, as drain_p4_conn600.
+    | set(ENQUEUE_CELLS + DRAIN_CELLS)
 )
 
 POSTGRES_ONLY = (

@@ -1,7 +1,7 @@
 """The MariaDB cells of the benchmark matrix (bench.plan): ox against django-ox, the peer that
 runs on MySQL/MariaDB too."""
 
-from bench.plan import DRAIN_METRICS, KILL_METRICS, LATENCY, PERSISTENT, THROUGHPUT, Cell, Metric
+from bench.plan import DISPATCH_METRICS, DRAIN_METRICS, KILL_METRICS, PERSISTENT, THROUGHPUT, Cell
 
 MARIADB_ARMS = ("ox", "django-ox")  # django-ox runs on MySQL/MariaDB too; the peer there
 
@@ -37,12 +37,9 @@ def mariadb_cells(quick: bool) -> list[Cell]:
             "dispatch",
             f"idle worker{on}: enqueue commit -> task start, random pause of 0..1 s between samples"
             " (no NOTIFY there: ox wakes its idle worker with KILL QUERY after the commit, django-ox"
-            " polls at its default interval)",
-            (
-                *LATENCY,
-                Metric("latency_ms", "latency_p99", "ms", False, "p99"),
-                Metric("idle_cpu_pct", "idle_cpu", "% of a core", False),
-            ),
+            " polls at its default interval); first its CPU over idle_s seconds of an empty queue and its"
+            " resident memory (VmRSS with its descendants) then",
+            DISPATCH_METRICS,
             {"n": 10 if quick else 100, "gap": 1.0, "idle_s": 2.0 if quick else 5.0, "worker_env": PERSISTENT},
             timeout=900,
             db="mariadb",

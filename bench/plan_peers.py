@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from bench.arms import DJANGO_ARMS
 from bench.plan import SIZES, WORKLOADS, Cell
+from bench.plan_scale import DRAIN_CELLS, ENQUEUE_CELLS
 
 OBAN, DJQUEUE, CELERY = "oban", "dj-queue", "celery"
 PEERS = (OBAN, DJQUEUE, CELERY)
@@ -19,19 +20,28 @@ FIRST = frozenset({"enqueue_seq", "drain_c1", "drain_c4", "dispatch", "kill"})
 WORKLOAD_CELLS = frozenset(f"{w}_c{c}" for w in WORKLOADS for c in (1, 4))
 DRAIN_P4 = frozenset({"drain_p4_conn0", "drain_p4_conn600", "drain_p4_pool"})
 BACKLOG_CELLS = frozenset(f"backlog_{size}_{shape}" for size in SIZES for shape in ("c1", "p4"))
+# enqueue_p4/_p16 (each peer's producer hook: bench.oban_jobs / bench.celery_jobs .producer, dj-queue
+# the Django Tasks default) and drain_p2/_p8 (as drain_p4_conn600: each process 1 at a time).
+SCALE_CELLS = frozenset(ENQUEUE_CELLS + DRAIN_CELLS)
 RUNS: dict[str, frozenset[str]] = {
-    OBAN: FIRST | {"enqueue_atomic", "bulk_enqueue", "drain_p4_conn600"} | WORKLOAD_CELLS | BACKLOG_CELLS,
+    OBAN: FIRST | {"enqueue_atomic", "bulk_enqueue", "drain_p4_conn600"} | WORKLOAD_CELLS | BACKLOG_CELLS | SCALE_CELLS,
     # A Django Tasks backend whose processes use Django's connections: the shared jobs as for django-ox.
     DJQUEUE: FIRST
     | {"enqueue_atomic", "bulk_enqueue", "drain_defaults"}
     | {"drain_p4_conn0", "drain_p4_conn600"}
     | WORKLOAD_CELLS
     | BACKLOG_CELLS
+    | SCALE_CELLS
     # dj-queue runs on SQLite (polling) and MariaDB too: the cells of those databases that are not
     # ox against itself.
     | {"sqlite_drain_c1", "sqlite_backlog_10k_c1", "sqlite_backlog_1m_c1"}
     | {"mariadb_enqueue_seq", "mariadb_drain_c1", "mariadb_dispatch", "mariadb_kill"},
-    CELERY: FIRST | {"bulk_enqueue", "drain_p4_conn600", "drain_defaults"} | WORKLOAD_CELLS | BACKLOG_CELLS,
+    # enqueue_p*: celery's delay() is a Redis publish, not a commit (said in the cell and its README).
+    CELERY: FIRST
+    | {"bulk_enqueue", "drain_p4_conn600", "drain_defaults"}
+    | WORKLOAD_CELLS
+    | BACKLOG_CELLS
+    | SCALE_CELLS,
 }
 
 OBAN_POSTGRES_ONLY = (

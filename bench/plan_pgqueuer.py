@@ -9,6 +9,7 @@ and why, and one it could run but has no job for would say "not run yet".
 from dataclasses import replace
 
 from bench.plan import DRAIN_METRICS, KILL_METRICS, PERSISTENT, SIZES, WORKLOADS, Cell
+from bench.plan_scale import DRAIN_CELLS, ENQUEUE_CELLS
 
 PGQUEUER = "pgqueuer"
 # The shared cells bench.pgq_jobs runs for pgqueuer (besides its own two, own_cells): the
@@ -16,10 +17,13 @@ PGQUEUER = "pgqueuer"
 # PostgreSQL backlog cells (bench.arms.pgqueuer fill_fast / first_n), dispatch and kill.
 WORKLOAD_CELLS = frozenset(f"{w}_c{c}" for w in WORKLOADS for c in (1, 4))
 BACKLOG_CELLS = frozenset(f"backlog_{size}_{shape}" for size in SIZES for shape in ("c1", "p4"))
+# enqueue_p*: its producers' SyncQueries.enqueue (bench.pgq_jobs.producer); drain_p2/_p8: as
+# drain_p4_conn600, each process at pgqueuer's per-process floor (2 at a time).
 RUNS = frozenset(
     {"enqueue_seq", "enqueue_atomic", "bulk_enqueue", "drain_c1", "drain_c4", "drain_p4_conn600", "dispatch", "kill"}
     | WORKLOAD_CELLS
     | BACKLOG_CELLS
+    | set(ENQUEUE_CELLS + DRAIN_CELLS)
 )
 
 POSTGRES_ONLY = (

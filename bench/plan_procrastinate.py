@@ -12,6 +12,7 @@ from dataclasses import replace
 from bench.arms import DJANGO_ARMS
 from bench.plan import KILL_METRICS, SIZES, WORKLOADS, Cell
 from bench.plan_pgqueuer import PGQUEUER
+from bench.plan_scale import DRAIN_CELLS, ENQUEUE_CELLS
 
 PROCRASTINATE = "procrastinate"
 # The shared cells procrastinate runs (bench.procrastinate_jobs, or the shared job through the
@@ -29,6 +30,8 @@ RUNS = frozenset(
         "kill",
         *(f"{w}_c{c}" for w in WORKLOADS for c in (1, 4)),
         *(f"backlog_{size}_{shape}" for size in SIZES for shape in ("c1", "p4")),
+        *ENQUEUE_CELLS,  # its producers' noop.defer() (bench.procrastinate_jobs.producer)
+        *DRAIN_CELLS,  # as drain_p4_conn600: each worker at --concurrency 1
     }
 )
 # The procrastinate-only kill cell: the retry task every minute, waits long enough to see it.

@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from bench import jobs
 from bench.arms.procrastinate import ProcrastinateArm
 from bench.peer_jobs import dispatch_with
+from bench.producer import Calls
 
 Params = dict[str, Any]
 Result = dict[str, Any]
@@ -129,3 +130,11 @@ def dispatch(arm: ProcrastinateArm, p: Params) -> Result:
             stamp.defer(key=key)
 
     return dispatch_with(arm, p, enqueue, {})
+
+
+def producer() -> Calls:
+    """An enqueue_p* producer's enqueue (bench.producer): enqueue_seq's call, `noop.defer()` in
+    autocommit on the producer's Django connection (one procrastinate_defer_jobs_v1 statement)."""
+    from bench.procrastinate_tasks import noop
+
+    return Calls(noop.defer, "task.defer()")

@@ -62,14 +62,19 @@ def _stat(pid: int) -> tuple[int, float] | None:
     return ppid, (utime + stime) / CLOCK_TICKS
 
 
-def _hwm_kb(pid: int) -> int:
+def _status_kb(pid: int, field: str) -> int:
+    """A KiB figure of /proc/<pid>/status (VmHWM, VmRSS, ...), 0 if the process is gone."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     except OSError:
         pass
     return 0
+
+
+def _hwm_kb(pid: int) -> int:
+    return _status_kb(pid, "VmHWM")
 
 
 def descendants(pid: int) -> set[int]:
@@ -106,6 +111,17 @@ def measure(procs: Iterable[Proc]) -> tuple[float, int]:
         total_cpu += proc.cpu_s
         total_hwm += proc.hwm_kb
     return total_cpu, total_hwm
+
+
+def rss_kb(procs: Iterable[Proc]) -> int:
+    """Summed resident memory now (VmRSS, KiB) of the live processes and their descendants, as
+    measure() sums peak RSS: pages a forked child shares with its parent count in each."""
+    total = 0
+    for proc in procs:
+        if proc.alive():
+            proc.children |= descendants(proc.pid)
+            total += sum(_status_kb(pid, "VmRSS") for pid in [proc.pid, *proc.children])
+    return total
 
 
 def wait_idle(

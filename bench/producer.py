@@ -1,15 +1,73 @@
-"""One enqueue producer of the notify cell: `python -m bench.producer <dir> <index>`, with the
-arm's settings in DJANGO_SETTINGS_MODULE. It boots Django, enqueues one task to open its
-connection (not counted), writes `ready-<index>`, then serves rounds: it waits for
-`go-<round>.json` ({"start_at": epoch seconds, "seconds": s}), sleeps until start_at, calls
-`noop.enqueue()` sequentially in autocommit until start_at + seconds, and writes
-`result-<round>-<index>.json` ({"count", "start", "end"}). A `stop` file ends it; so does
-waiting `idle_limit` seconds for a round that never comes. Every wait is bounded."""
+"""One enqueue producer: `python -m bench.producer <dir> <index> [idle_limit] [hook]`, with the
+arm's settings in DJANGO_SETTINGS_MODULE (the notify cell's producers and the enqueue_p* cells',
+started by bench.producers.Crowd). It boots Django, builds the arm's enqueue from `hook`
+("module:function" returning a Calls-like object; default `bench.producer:django_tasks`, a Django
+Tasks backend's `noop.enqueue()`), enqueues once to open its connection (not counted), writes
+`ready-<index>`, then serves rounds: it waits for `go-<round>.json` ({"start_at": epoch seconds,
+"seconds": s}), sleeps until start_at, calls the enqueue sequentially until start_at + seconds,
+and writes `result-<round>-<index>.json` ({"count", "start", "began", "end", "path"}). A `stop`
+file ends it; so does waiting `idle_limit` seconds for a round that never comes. Every wait is
+bounded."""
 
 import json
 import sys
 import time
+from collections.abc import Callable
+from importlib import import_module
 from pathlib import Path
+from typing import Protocol
+
+DEFAULT_HOOK = "bench.producer:django_tasks"
+
+
+class EnqueueLoop(Protocol):
+    """What a hook returns: the arm's single enqueue, once (the warm-up) or back to back."""
+
+    path: str  # what one call is, for the results
+
+    def one(self) -> None: ...
+
+    def until(self, end_at: float) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class Calls:
+    """A synchronous enqueue called back to back until a wall-clock instant (time.time(), the
+    clock every producer shares): each call returns once its enqueue is committed (or, for
+    celery, published), so `until` counts finished enqueues only."""
+
+    def __init__(self, enqueue: Callable[[], object], path: str, close: Callable[[], None] | None = None) -> None:
+        self.enqueue = enqueue
+        self.path = path
+        self._close = close
+
+    def one(self) -> None:
+        self.enqueue()
+
+    def until(self, end_at: float) -> int:
+        count = 0
+        while time.time() < end_at:
+            self.enqueue()
+            count += 1
+        return count
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()
+
+
+def django_tasks() -> Calls:
+    """A Django Tasks backend's enqueue (ox, django-tasks-db, django-ox, dj-queue), as their
+    enqueue_seq times it: `noop.enqueue()` in autocommit on Django's connection."""
+    from bench.tasks import noop
+
+    return Calls(noop.enqueue, "noop.enqueue()")
+
+
+def load(hook: str) -> EnqueueLoop:
+    module, name = hook.split(":")
+    return getattr(import_module(module), name)()
 
 
 def wait_for(path: Path, limit: float, stop: Path) -> bool:
@@ -27,31 +85,32 @@ def main() -> None:
     import django
 
     django.setup()
-    from bench.tasks import noop
 
     work, index = Path(sys.argv[1]), int(sys.argv[2])
     idle_limit = float(sys.argv[3]) if len(sys.argv) > 3 else 120.0
+    calls = load(sys.argv[4] if len(sys.argv) > 4 else DEFAULT_HOOK)
     stop = work / "stop"
-    noop.enqueue()  # connect, warm caches
-    (work / f"ready-{index}").touch()
-    round_no = 0
-    while wait_for(work / f"go-{round_no}.json", idle_limit, stop):
-        try:
-            go = json.loads((work / f"go-{round_no}.json").read_text())
-        except ValueError:  # caught mid-write: look again
-            time.sleep(0.01)
-            continue
-        start_at, end_at = go["start_at"], go["start_at"] + go["seconds"]
-        time.sleep(max(start_at - time.time(), 0))
-        count = 0
-        while time.time() < end_at:
-            noop.enqueue()
-            count += 1
-        out = {"count": count, "start": start_at, "end": time.time()}
-        tmp = work / f".result-{round_no}-{index}"
-        tmp.write_text(json.dumps(out))
-        tmp.replace(work / f"result-{round_no}-{index}.json")
-        round_no += 1
+    try:
+        calls.one()  # connect, warm caches: one row the harness expects beside the counted ones
+        (work / f"ready-{index}").touch()
+        round_no = 0
+        while wait_for(work / f"go-{round_no}.json", idle_limit, stop):
+            try:
+                go = json.loads((work / f"go-{round_no}.json").read_text())
+            except ValueError:  # caught mid-write: look again
+                time.sleep(0.01)
+                continue
+            start_at, end_at = go["start_at"], go["start_at"] + go["seconds"]
+            time.sleep(max(start_at - time.time(), 0))
+            began = time.time()
+            count = calls.until(end_at)
+            out = {"count": count, "start": start_at, "began": began, "end": time.time(), "path": calls.path}
+            tmp = work / f".result-{round_no}-{index}"
+            tmp.write_text(json.dumps(out))
+            tmp.replace(work / f"result-{round_no}-{index}.json")
+            round_no += 1
+    finally:
+        calls.close()
 
 
 if __name__ == "__main__":

@@ -7,10 +7,8 @@
   one idle ox worker LISTENing the whole time.
 """
 
-import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -21,7 +19,8 @@ from django.db import connection, transaction
 
 from bench import pgstats, procs
 from bench.arms.base import Arm
-from bench.fleet import REPO, Fleet, wait
+from bench.fleet import Fleet
+from bench.producers import Crowd
 from bench.tasks import LEDGER_TABLE, noop
 
 Params = dict[str, Any]
@@ -171,10 +170,6 @@ def on_off(samples: dict[str, list[float]]) -> float | None:
     return statistics.median(on) / statistics.median(off)
 
 
-def _wait_files(paths: list[Path], limit: float, alive: Callable[[], bool]) -> bool:
-    return wait(lambda: all(path.exists() for path in paths) or not alive(), limit, 0.02) and alive()
-
-
 def notify(arm: Arm, p: Params) -> Result:
     """P producer processes (bench.producer) each call noop.enqueue() sequentially in
     autocommit for `seconds`, all starting at once; tasks/s = all calls / (last producer's end
@@ -187,13 +182,11 @@ def notify(arm: Arm, p: Params) -> Result:
         raise RuntimeError("the notify cell measures ox's trigger")
     arm.reset([LEDGER_TABLE])
     producers, seconds = p["producers"], p["seconds"]
-    work = Path(p["log_dir"]) / "producers"
-    work.mkdir(parents=True, exist_ok=True)
     fleet = Fleet(arm, {**p, "queue": "bench_idle"})
-    crowd: list[procs.Proc] = []
     samples: dict[str, list[float]] = {"on": [], "off": []}
     rounds: list[dict[str, Any]] = []
     idle_worker = p.get("idle_worker", True)
+    crowd: Crowd | None = None
     try:
         if idle_worker:
             fleet.start_all(1, 1)
@@ -202,27 +195,16 @@ def notify(arm: Arm, p: Params) -> Result:
             # The producers' sessions only (libpq reads PGOPTIONS at connect): ox.notify =
             # always notifies at every enqueue, whether or not a worker waits (migration 0012).
             env["PGOPTIONS"] = f"-c ox.notify={p['notify_mode']}"
-        for i in range(producers):
-            argv = [sys.executable, "-m", "bench.producer", str(work), str(i), "120"]
-            crowd.append(procs.spawn(argv, env, work / f"producer-{i}.log", f"producer-{i}", REPO))
-        alive = lambda: all(c.alive() for c in crowd)  # noqa: E731
-        if not _wait_files([work / f"ready-{i}" for i in range(producers)], 120, alive):
-            raise RuntimeError("producers did not start: " + procs.tail(crowd[0].log))
+        crowd = Crowd(Path(p["log_dir"]) / "producers", env)  # ox's noop.enqueue(), the default hook
+        crowd.start(producers)
         for k, mode in enumerate(round_pattern(p.get("rounds", 4))):
             enabled = set_trigger(mode == "on")
             with connection.cursor() as cursor:
                 cursor.execute("TRUNCATE ox_task CASCADE")
             listeners = listening()
             idle0, _ = procs.measure(fleet.procs)
-            start_at = time.time() + 0.2
-            tmp = work / f".go-{k}"
-            tmp.write_text(json.dumps({"start_at": start_at, "seconds": seconds}))
-            tmp.replace(work / f"go-{k}.json")
-            outs = [work / f"result-{k}-{i}.json" for i in range(producers)]
-            if not _wait_files(outs, seconds + 60, alive):
-                raise RuntimeError(f"round {k}: a producer did not report: " + procs.tail(crowd[0].log))
+            start_at, results = crowd.round(k, seconds)
             idle1, _ = procs.measure(fleet.procs)
-            results = [json.loads(path.read_text()) for path in outs]
             calls = sum(r["count"] for r in results)
             elapsed = max(r["end"] for r in results) - start_at
             rate = calls / elapsed
@@ -239,11 +221,13 @@ def notify(arm: Arm, p: Params) -> Result:
                 }
             )
     finally:
-        (work / "stop").touch()
+        if crowd is not None:
+            crowd.release()
         try:
             set_trigger(True)
         finally:
-            procs.stop(crowd, grace=10)
+            if crowd is not None:
+                crowd.stop()
             fleet.stop()
     notes = list(fleet.notes)
     if any(r["trigger_enabled"] != (r["mode"] == "on") for r in rounds):

@@ -12,7 +12,7 @@ from bench import pgstats, procs, report, scale
 from bench.harness import Harness
 from bench.plan import build
 
-JOBS = {"enqueue_seq", "enqueue_atomic", "bulk", "drain", "dispatch", "kill", "backlog", "notify"}
+JOBS = {"enqueue_seq", "enqueue_atomic", "bulk", "drain", "dispatch", "kill", "backlog", "notify", "producers"}
 
 
 def test_summarize_statistics():

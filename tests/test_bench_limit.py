@@ -60,6 +60,10 @@ RUNS_FULL = {
     "drain_p4_conn600",
     *(f"{w}_c{c}" for w in ("cpu_bound", "io_bound", "io_bound_async", "mixed") for c in (1, 4)),
     *(f"backlog_{size}_{shape}" for size in ("10k", "100k", "1m") for shape in ("c1", "p4")),
+    "enqueue_p4",
+    "enqueue_p16",
+    "drain_p2",
+    "drain_p8",
 }
 RUNS_QUICK = {
     "enqueue_seq",
@@ -69,6 +73,8 @@ RUNS_QUICK = {
     "drain_c4",
     "backlog_10k_c1",
     "backlog_100k_c1",
+    "enqueue_p4",
+    "enqueue_p16",
 }
 
 

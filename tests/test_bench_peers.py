@@ -12,16 +12,18 @@ from bench.plan_peers import CELERY, DJQUEUE, OBAN, OBAN_POSTGRES_ONLY, PEERS, R
 FIRST = {"enqueue_seq", "drain_c1", "drain_c4", "dispatch", "kill"}
 WORKLOADS = {f"{w}_c{c}" for w in ("cpu_bound", "io_bound", "io_bound_async", "mixed") for c in (1, 4)}
 BACKLOGS = {f"backlog_{s}_{k}" for s in ("10k", "100k", "1m") for k in ("c1", "p4")}
+SCALE = {"enqueue_p4", "enqueue_p16", "drain_p2", "drain_p8"}  # bench.plan_scale: every arm
 # Each peer's cells in the full plan, written out so that a change to bench.plan_peers shows here.
 EXPECTED = {
-    OBAN: FIRST | {"enqueue_atomic", "bulk_enqueue", "drain_p4_conn600"} | WORKLOADS | BACKLOGS,
+    OBAN: FIRST | {"enqueue_atomic", "bulk_enqueue", "drain_p4_conn600"} | WORKLOADS | BACKLOGS | SCALE,
     DJQUEUE: FIRST
     | {"enqueue_atomic", "bulk_enqueue", "drain_p4_conn0", "drain_p4_conn600", "drain_defaults"}
     | WORKLOADS
     | BACKLOGS
+    | SCALE
     | {"sqlite_drain_c1", "sqlite_backlog_10k_c1", "sqlite_backlog_1m_c1"}
     | {"mariadb_enqueue_seq", "mariadb_drain_c1", "mariadb_dispatch", "mariadb_kill"},
-    CELERY: FIRST | {"bulk_enqueue", "drain_p4_conn600", "drain_defaults"} | WORKLOADS | BACKLOGS,
+    CELERY: FIRST | {"bulk_enqueue", "drain_p4_conn600", "drain_defaults"} | WORKLOADS | BACKLOGS | SCALE,
 }
 
 

@@ -30,10 +30,13 @@ QUICK = {
     "backlog_10k_c1",
     "backlog_100k_c1",
     "kill",
+    "enqueue_p4",
+    "enqueue_p16",
 } | OWN
 FULL = (
     QUICK
     | {"drain_p4_conn600", "backlog_1m_c1", "backlog_10k_p4", "backlog_100k_p4", "backlog_1m_p4"}
+    | {"drain_p2", "drain_p8"}
     | {f"{w}_c{c}" for w in ("cpu_bound", "io_bound", "io_bound_async", "mixed") for c in (1, 4)}
 )
 
@@ -70,11 +73,12 @@ def test_pgqueuer_runs_its_cells_and_says_why_for_every_other():
 def test_every_job_pgqueuer_runs_has_its_implementation():
     """The shared jobs that read a Django model (bulk's row count) or need the arm's fill_fast /
     first_n (backlog) are pgqueuer's own; every job of a cell it runs resolves."""
-    from bench import jobs, scale
+    from bench import jobs, producers, scale
 
+    shared = {**jobs.JOBS, **scale.JOBS, **producers.JOBS}  # bench.agent's registry
     for cell in build("full"):
         if PGQUEUER in cell.arms:
-            assert cell.job in ARM.job_overrides or cell.job in jobs.JOBS or cell.job in scale.JOBS, cell.name
+            assert cell.job in ARM.job_overrides or cell.job in shared, cell.name
     for job in ("enqueue_atomic", "bulk", "backlog", "drain"):
         assert ARM.job_overrides[job].startswith("bench.pgq_jobs:")
     for method in ("fill_fast", "first_n"):  # no longer the base's or a NotImplementedError stub

@@ -27,9 +27,13 @@ QUICK = {
     "drain_defaults",
     "backlog_10k_c1",
     "backlog_100k_c1",
+    "enqueue_p4",
+    "enqueue_p16",
 }
 FULL = (QUICK - {"backlog_100k_c1", "backlog_10k_c1"}) | {
     "drain_p4_conn600",
+    "drain_p2",
+    "drain_p8",
     *(f"{w}_c{c}" for w in ("cpu_bound", "io_bound", "io_bound_async", "mixed") for c in (1, 4)),
     *(f"backlog_{size}_{shape}" for size in ("10k", "100k", "1m") for shape in ("c1", "p4")),
 }

@@ -25,6 +25,10 @@ class Arm:
     # Jobs of this arm that replace the shared ones of the same name (bench.jobs, bench.scale):
     # job name -> "module:function". Empty for the Django arms.
     job_overrides: dict[str, str] = {}
+    # The enqueue_p* cells' producer processes (bench.producer) build the arm's single enqueue,
+    # the call its enqueue_seq times, from this "module:function". The Django Tasks backends
+    # share the default, `noop.enqueue()`; the other arms name a function of their jobs module.
+    producer_hook = "bench.producer:django_tasks"
 
     # ---- workers
     def worker_argv(self, concurrency: int, ident: str, interval: float | None, queue: str = "default") -> list[str]:

@@ -98,6 +98,7 @@ class CeleryArm(Arm):
         "dispatch": "bench.celery_jobs:dispatch",
         "bulk": "bench.celery_jobs:bulk",
     }
+    producer_hook = "bench.celery_jobs:producer"  # the enqueue_p* cells' producers (bench.producer)
 
     def __init__(self) -> None:
         self.ids: dict[int, str] = {}  # ledger key -> Celery task id (the fills of this agent)

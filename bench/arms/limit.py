@@ -40,6 +40,7 @@ class LimitArm(Arm):
         "bulk": "bench.limit_jobs:bulk",
         "drain": "bench.limit_jobs:drain",
     }
+    producer_hook = "bench.limit_jobs:producer"  # the enqueue_p* cells' producers (bench.producer)
 
     def __init__(self) -> None:
         # Rows per claim for the workers started next: bench.limit_jobs.drain sets it from the

@@ -67,6 +67,7 @@ class ObanArm(Arm):
         "enqueue_atomic": "bench.oban_jobs:enqueue_atomic",
         "bulk": "bench.oban_jobs:bulk",
     }
+    producer_hook = "bench.oban_jobs:producer"  # the enqueue_p* cells' producers (bench.producer)
 
     # ---- workers
     def worker_argv(self, concurrency: int, ident: str, interval: float | None, queue: str = "default") -> list[str]:

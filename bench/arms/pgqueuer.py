@@ -60,6 +60,7 @@ class PgqueuerArm(Arm):
         "bulk": "bench.pgq_jobs:bulk",
         "backlog": "bench.pgq_jobs:backlog",
     }
+    producer_hook = "bench.pgq_jobs:producer"  # the enqueue_p* cells' producers (bench.producer)
 
     def __init__(self) -> None:
         # How many workers the cell runs (a replacement in the kill cell takes a dead one's

@@ -77,6 +77,7 @@ class ProcrastinateArm(Arm):
         "enqueue_atomic": "bench.procrastinate_jobs:enqueue_atomic",
         "bulk": "bench.procrastinate_jobs:bulk",
     }
+    producer_hook = "bench.procrastinate_jobs:producer"  # the enqueue_p* cells' producers (bench.producer)
 
     def __init__(self) -> None:
         # The run's log dir (set by bench.procrastinate_jobs before workers start): each worker
