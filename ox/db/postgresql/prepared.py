@@ -18,10 +18,10 @@ knows how many rows it reads; what stays a parameter is the time, the queues, th
 its lease. tests/test_prepared_claim.py pins the generic plan's shape on a large backlog.
 """
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
-import psycopg
 from django.db import DatabaseError, DataError, IntegrityError, NotSupportedError, ProgrammingError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
@@ -48,12 +48,20 @@ UNPREPARED_ATTR = "_ox_unprepared"
 NEVER_BY_ITSELF = 2**62
 
 
-class _Prepared(psycopg.Cursor[Any]):
+@functools.cache
+def _prepared_cursor() -> type:
     """A server-side binding cursor that prepares every statement it runs (psycopg keeps up
-    to prepared_max of them per connection, least recently used first out)."""
+    to prepared_max of them per connection, least recently used first out). Built on first
+    use: psycopg (with libpq, libssl and Kerberos, ~12 MiB resident) loads only in a process
+    that talks to PostgreSQL, never in a SQLite or MariaDB worker
+    (tests/test_driver_imports.py)."""
+    import psycopg
 
-    def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: Any = None) -> Any:
-        return super().execute(query, params, prepare=True, binary=binary)
+    class Prepared(psycopg.Cursor[Any]):
+        def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: Any = None) -> Any:
+            return super().execute(query, params, prepare=True, binary=binary)
+
+    return Prepared
 
 
 def prepares(conn: BaseDatabaseWrapper) -> bool:
@@ -70,7 +78,7 @@ def _cursor(conn: BaseDatabaseWrapper) -> CursorWrapper:
         conn.validate_thread_sharing()
         if conn.connection.prepare_threshold is None:
             conn.connection.prepare_threshold = NEVER_BY_ITSELF
-        raw = _Prepared(conn.connection)
+        raw = _prepared_cursor()(conn.connection)
         return conn.make_debug_cursor(raw) if conn.queries_logged else conn.make_cursor(raw)
 
 
