@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from bench import flow, procs
+from bench import bare_row, flow, procs
 from bench.arms.base import Arm
 from bench.fleet import Fleet, wait
 from bench.tasks import LEDGER_TABLE, WORKLOADS, ledger, noop, stamp
@@ -71,9 +71,12 @@ def describe(arm: Arm, p: Params) -> Result:
 
 def enqueue_seq(arm: Arm, p: Params) -> Result:
     """N sequential task.enqueue() calls, each its own autocommit transaction. With
-    `variants`: ox's plain against unique enqueues in rounds (bench.flow.compare_enqueue)."""
+    `variants`: ox's plain against unique enqueues in rounds (bench.flow.compare_enqueue); with
+    `bare_row`: ox's against its own INSERT run on bare psycopg (bench.bare_row.compare)."""
     if p.get("variants"):
         return flow.compare_enqueue(arm, p)
+    if p.get("bare_row"):
+        return bare_row.compare(arm, p)
     _reset(arm)
     n = p["n"]
     started = time.perf_counter()

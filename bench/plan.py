@@ -435,10 +435,11 @@ def build(mode: str) -> list[Cell]:
         from bench.plan_compose import compose_cells  # it builds on this module's Cell
 
         cells += compose_cells()
+    from bench.plan_bare_row import with_bare_row  # ox only; last, so no peer overwrites its reasons
     from bench.plan_limit import with_limit  # the bound (bare SQL): it builds on this module's Cell too
     from bench.plan_peers import with_peers  # oban, dj-queue, celery: it builds on this module's Cell
     from bench.plan_pgqueuer import with_pgqueuer  # the same
     from bench.plan_procrastinate import with_procrastinate  # the same
     from bench.plan_scale import with_scale  # enqueue_p*, drain_p2/_p8 (every arm): the same
 
-    return with_peers(with_limit(with_procrastinate(with_pgqueuer(with_scale(cells, quick)))))
+    return with_bare_row(with_peers(with_limit(with_procrastinate(with_pgqueuer(with_scale(cells, quick))))), quick)

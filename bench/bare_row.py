@@ -1,0 +1,204 @@
+"""ox's sequential enqueue split into the row it stores and its own Python (the enqueue_bare_row
+cell, bench.plan_bare_row; ox only), run by the enqueue_seq job when its parameters say `bare_row`.
+
+"ox" is `noop.enqueue()` as enqueue_seq times it. "bare" is the very INSERT that call sends to
+ox_task, its SQL text and parameters captured from one real enqueue, run by psycopg alone on a
+connection of its own with `prepare=True`, as ox runs it (ox.db.postgresql.prepared.write): the
+same table, indexes and NOTIFY trigger, the same work per row, no Django and no ox in between. Each
+bare call gets what ox gives each call anew (a uuid7 id, now for its timestamps), so no key clashes.
+The two kinds alternate in chunks, the order turning per chunk and per round, so the machine's
+noise of the moment falls on both alike (as bench.flow.compare_enqueue does); ox/bare is per round.
+"""
+
+import re
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connection
+
+from bench.arms.base import Arm
+from bench.tasks import noop
+
+Params = dict[str, Any]
+Result = dict[str, Any]
+
+KINDS = ("ox", "bare")
+# The statement to take: an INSERT into ox_task itself (not ox_task_archive or another table).
+INSERT_INTO_TASKS = re.compile(r'^\s*INSERT\s+INTO\s+"?ox_task"?\s*\(', re.IGNORECASE)
+# How a session's prepared copy of that INSERT shows in pg_prepared_statements (psycopg sends
+# the text with $n placeholders; the start is unchanged).
+PREPARED_PREFIX = "INSERT INTO ox_task ("
+PREPARED_SQL = "SELECT count(*) FROM pg_prepared_statements WHERE starts_with(statement, %s)"
+
+
+class Captured:
+    """ox's INSERT as one enqueue sent it, and which parameters a new call makes afresh."""
+
+    def __init__(self, text: str, params: list[Any], task_id: uuid.UUID, others: list[str]) -> None:
+        self.text = text
+        self.params = params
+        self.others = others  # the other statements the enqueue sent, if any (texts only)
+        ids = [i for i, v in enumerate(params) if isinstance(v, uuid.UUID)]
+        if [params[i] for i in ids] != [task_id]:
+            raise RuntimeError(f"enqueue_bare_row: the captured INSERT's UUID parameters {ids} are not the task's id")
+        self.id_at = ids[0]
+        # enqueued_at and run_after: ox stamps both with the call's time (a noop has no other).
+        self.times_at = [i for i, v in enumerate(params) if isinstance(v, datetime)]
+        if not self.times_at:
+            raise RuntimeError("enqueue_bare_row: the captured INSERT has no timestamp parameter")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "statement": self.text,
+            "params": [repr(v) for v in self.params],
+            "fresh_per_call": {"uuid7": self.id_at, "now": self.times_at},
+            "other_statements": self.others,
+        }
+
+
+def capture(enqueue: Callable[[], Any]) -> Captured:
+    """Run `enqueue` once and keep what it sent through Django's cursors (execute_wrapper: ox's
+    prepared cursor is a Django cursor wrapper too). Exactly one INSERT into ox_task, or an error."""
+    seen: list[tuple[str, list[Any]]] = []
+
+    def record(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+        seen.append((sql, list(params or [])))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        result = enqueue()
+    inserts = [i for i, (sql, _params) in enumerate(seen) if INSERT_INTO_TASKS.match(sql)]
+    if len(inserts) != 1:
+        texts = [sql[:60] for sql, _ in seen]
+        raise RuntimeError(
+            f"enqueue_bare_row: one INSERT into ox_task expected from noop.enqueue(), captured {len(inserts)}"
+            f" among {len(seen)} statement(s): {texts}"
+        )
+    text, params = seen[inserts[0]]
+    others = [sql for i, (sql, _params) in enumerate(seen) if i != inserts[0]]
+    return Captured(text, params, uuid.UUID(str(result.id)), others)
+
+
+def bare_connection() -> Any:
+    """A psycopg connection of its own to the database Django's connection uses, autocommit,
+    psycopg's defaults otherwise (not Django's cursor class, adapters or prepare_threshold=None,
+    which would refuse prepare=True)."""
+    import psycopg
+
+    params = connection.get_connection_params()
+    for django_only in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(django_only, None)
+    return psycopg.connect(**params, autocommit=True)
+
+
+def bare_calls(conn: Any, row: Captured, count: int) -> float:
+    """`count` executions of ox's INSERT on the bare connection; seconds. Fresh values are made
+    inside the timing, as ox makes its own inside the enqueue."""
+    from ox.ids import uuid7
+
+    params = list(row.params)
+    started = time.perf_counter()
+    for _ in range(count):
+        params[row.id_at] = uuid7()
+        now = datetime.now(UTC)
+        for i in row.times_at:
+            params[i] = now
+        conn.execute(row.text, params, prepare=True)
+    return time.perf_counter() - started
+
+
+def ox_calls(count: int) -> float:
+    started = time.perf_counter()
+    for _ in range(count):
+        noop.enqueue()
+    return time.perf_counter() - started
+
+
+def prepared(execute: Callable[[str, list[str]], int]) -> bool:
+    """Whether the session holds ox's INSERT as a prepared statement."""
+    return execute(PREPARED_SQL, [PREPARED_PREFIX]) > 0
+
+
+def _django_count(sql: str, params: list[str]) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.fetchone()[0])
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def compare(arm: Arm, p: Params) -> Result:
+    """Per round, on an emptied ox_task: one uncounted call of each kind, then n calls of each
+    in chunks of `chunk`, the kinds alternating per chunk (the first one turning per round).
+    Per kind: calls over the summed time; ox/bare per round."""
+    if arm.name != "ox":
+        raise RuntimeError("the bare-row cell measures ox's own row")
+    if connection.vendor != "postgresql":
+        raise RuntimeError("the bare-row cell runs ox's prepared INSERT: PostgreSQL only")
+    n, chunk, rounds = p["n"], p.get("chunk", 100), p["rounds"]
+    calls = n // chunk * chunk
+    # Only ox's tables: nothing here writes the ledger.
+    arm.reset([])
+    # The session's first write runs unprepared with a RETURNING of the backend's pid (ox checks
+    # that no pooler stands in between): not the statement ox sends from then on, so not the one
+    # to take. It also opens the connection and reads the database's clock.
+    noop.enqueue()
+    row = capture(noop.enqueue)
+    notes: list[str] = []
+    samples: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    rows: list[int] = []
+    with bare_connection() as bare:
+        bare_calls(bare, row, 1)
+        is_prepared = {
+            "ox": prepared(_django_count),
+            "bare": prepared(lambda sql, params: int(bare.execute(sql, params).fetchone()[0])),
+        }
+        if not all(is_prepared.values()):
+            raise RuntimeError(f"enqueue_bare_row: ox's INSERT is not prepared in every session: {is_prepared}")
+        run = {"ox": ox_calls, "bare": lambda count: bare_calls(bare, row, count)}
+        for r in range(rounds):
+            arm.reset([])
+            # After the TRUNCATE each prepared statement is planned again at its next run: here,
+            # outside the timing.
+            ox_calls(1)
+            bare_calls(bare, row, 1)
+            spent = dict.fromkeys(KINDS, 0.0)
+            for c in range(calls // chunk):
+                order = KINDS if (r + c) % 2 == 0 else KINDS[::-1]
+                for kind in order:
+                    spent[kind] += run[kind](chunk)
+            for kind in KINDS:
+                samples[kind].append(calls / spent[kind])
+            found = arm.model.objects.count()
+            rows.append(found)
+            if found != 2 * calls + 2:
+                want = f"{2 * calls + 2} (2 x {calls} calls + 2 warm-ups)"
+                notes.append(f"round {r}: {found} rows in ox_task, want {want}")
+    ratios = [samples["ox"][r] / samples["bare"][r] for r in range(rounds)]
+    return {
+        "throughput_ox": samples["ox"],
+        "throughput_bare": samples["bare"],
+        "ratio_ox_bare": ratios,
+        "info": {
+            "n": n,
+            "chunk": chunk,
+            "rounds": rounds,
+            "calls_per_kind_and_round": calls,
+            "order": "per round an emptied ox_task and one uncounted call of each kind; chunks alternating,"
+            " the first kind turning per round",
+            "captured": row.describe(),
+            "prepared": is_prepared,
+            "rows": rows,
+            "spread": {
+                **{f"throughput_{kind}": _spread(samples[kind]) for kind in KINDS},
+                "ox/bare": _spread(ratios),
+            },
+            "notes": notes,
+        },
+    }
