@@ -11,7 +11,6 @@ noise of the moment falls on both alike (as bench.flow.compare_enqueue does); ox
 """
 
 import re
-import statistics
 import time
 import uuid
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from typing import Any
 from django.db import connection
 
 from bench.arms.base import Arm
+from bench.flow import spread
 from bench.tasks import noop
 
 Params = dict[str, Any]
@@ -129,10 +129,6 @@ def _django_count(sql: str, params: list[str]) -> int:
         return int(cursor.fetchone()[0])
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def compare(arm: Arm, p: Params) -> Result:
     """Per round, on an emptied ox_task: one uncounted call of each kind, then n calls of each
     in chunks of `chunk`, the kinds alternating per chunk (the first one turning per round).
@@ -196,8 +192,8 @@ def compare(arm: Arm, p: Params) -> Result:
             "prepared": is_prepared,
             "rows": rows,
             "spread": {
-                **{f"throughput_{kind}": _spread(samples[kind]) for kind in KINDS},
-                "ox/bare": _spread(ratios),
+                **{f"throughput_{kind}": spread(samples[kind]) for kind in KINDS},
+                "ox/bare": spread(ratios),
             },
             "notes": notes,
         },

@@ -168,7 +168,7 @@ def _ratios(samples: dict[str, list[float | None]], pairs: dict[str, list[str]],
     return out
 
 
-def _spread(values: list[float]) -> dict[str, float] | None:
+def spread(values: list[float]) -> dict[str, float] | None:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
 
 
@@ -198,8 +198,8 @@ def compare_drain(arm: Arm, p: Params) -> Result:
         "variants": list(variants.values()),
         "order": "variants rotate per round",
         "spread": {
-            **{f"throughput_{name}": _spread(xs) for name, xs in kept["throughput"].items()},
-            **{f"ratio_{name}": _spread(values) for name, values in ratios.items()},
+            **{f"throughput_{name}": spread(xs) for name, xs in kept["throughput"].items()},
+            **{f"ratio_{name}": spread(values) for name, values in ratios.items()},
         },
         "notes": notes,
     }
@@ -264,8 +264,7 @@ def compare_enqueue(arm: Arm, p: Params) -> Result:
             "rounds": rounds,
             "order": "per round an emptied table; chunks of plain / unique / duplicate calls, order rotating",
             "spread": {
-                k: _spread(v)
-                for k, v in {**samples, "unique/plain": ratio_unique, "duplicate/plain": ratio_dup}.items()
+                k: spread(v) for k, v in {**samples, "unique/plain": ratio_unique, "duplicate/plain": ratio_dup}.items()
             },
             "notes": notes,
         },
