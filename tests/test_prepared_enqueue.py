@@ -8,10 +8,11 @@ tests/test_pgbouncer.py (test_an_undeclared_pooler_makes_enqueue_stop_preparing)
 import dataclasses
 
 import pytest
-from django.db import ProgrammingError, connection, transaction
+from django.db import IntegrityError, ProgrammingError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from ox import clock
-from ox.db.postgresql.prepared import UNPREPARED_ATTR
+from ox.db.postgresql.prepared import _CURSOR_ATTR, UNPREPARED_ATTR
 from ox.enqueue import insert_or_find, new_task
 from ox.models import Status, Task
 from tests import flow_tasks, tasks
@@ -138,3 +139,82 @@ def test_a_name_the_session_already_has_in_atomic_raises_and_writes_nothing():
     with transaction.atomic():
         tasks.noop.enqueue()
     assert Task.objects.count() == 2
+
+
+def _kept_cursor(conn=connection):
+    return getattr(conn.connection, _CURSOR_ATTR, None)
+
+
+def test_one_preparing_cursor_serves_every_enqueue_of_a_connection():
+    tasks.noop.enqueue()  # the session's first: plain, no preparing cursor yet
+    assert _kept_cursor() is None
+    tasks.noop.enqueue()
+    kept = _kept_cursor()
+    assert kept is not None and not kept.closed
+    for i in range(5):
+        tasks.echo.enqueue(i)
+        assert _kept_cursor() is kept and not kept.closed
+    assert len(prepared()) == 1
+    connection.close()  # a new session gets a cursor of its own
+    tasks.noop.enqueue()
+    tasks.noop.enqueue()
+    assert _kept_cursor() is not None and _kept_cursor() is not kept
+    assert Task.objects.count() == 9
+    assert sorted(r.args for r in Task.objects.exclude(args=[])) == [[i] for i in range(5)]
+
+
+def test_a_closed_kept_cursor_is_replaced_and_the_enqueue_is_not_lost():
+    tasks.noop.enqueue()
+    tasks.noop.enqueue()
+    kept = _kept_cursor()
+    kept.close()  # as if someone closed it: the next statement must not fail on it
+    tasks.noop.enqueue()
+    assert _kept_cursor() is not kept and not _kept_cursor().closed
+    assert Task.objects.count() == 3
+
+
+def test_the_kept_cursor_still_goes_through_djangos_hooks_and_query_log():
+    tasks.noop.enqueue()
+    tasks.noop.enqueue()  # the kept cursor exists from here on
+    seen = []
+
+    def record(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        tasks.noop.enqueue()
+        tasks.noop.enqueue()
+    assert [s[:20] for s in seen] == ["INSERT INTO ox_task "] * 2
+    with CaptureQueriesContext(connection) as logged:
+        tasks.noop.enqueue()
+    # (Django logs a server-binding cursor's statement as 'QUERY = "..." PARAMS = ...')
+    [query] = logged.captured_queries
+    assert "INSERT INTO ox_task" in query["sql"]
+
+
+def test_an_error_on_the_kept_cursor_is_djangos_and_the_next_enqueue_works():
+    tasks.noop.enqueue()
+    tasks.noop.enqueue()
+    kept = _kept_cursor()
+    row = _row()
+    insert_or_find(connection, row, prepare=True)
+    with pytest.raises(IntegrityError):  # the same id again: translated by Django's wrapper
+        insert_or_find(connection, row, prepare=True)
+    tasks.noop.enqueue()
+    assert _kept_cursor() is kept
+    assert Task.objects.count() == 4
+
+
+def test_a_wrapper_shared_between_threads_keeps_no_cursor():
+    # inc_thread_sharing (a live server's threads on one wrapper): two threads on one cursor
+    # would read each other's results, so each statement gets a cursor of its own.
+    tasks.noop.enqueue()
+    connection.inc_thread_sharing()
+    try:
+        tasks.noop.enqueue()
+        tasks.noop.enqueue()
+        assert _kept_cursor() is None
+    finally:
+        connection.dec_thread_sharing()
+    assert Task.objects.count() == 3

@@ -193,8 +193,8 @@ class Driver(TaskNotes, Dialect):
             r.task_path,
             r.queue,
             r.priority,
-            json.dumps(r.args),
-            json.dumps(r.kwargs),
+            json.dumps(r.args) if r.args else "[]",  # most calls pass none: skip the encoder
+            json.dumps(r.kwargs) if r.kwargs else "{}",
             self.ts(conn, r.run_after),
             self.ts(conn, r.enqueued_at),
             r.max_attempts,
