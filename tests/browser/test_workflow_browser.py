@@ -18,7 +18,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 def test_the_graph_follows_the_workflow_and_retries_its_failed_part(page, operator, start_worker, tmp_path):
     marker = tmp_path / "fixed"
     run = ox.chain(
-        wt.slow_step.s(seconds=1.5),
+        # Running for more than two of the page's refreshes (every 2 s): a 1.5 s step could go
+        # READY -> SUCCESSFUL between two of them, and the RUNNING box was never drawn.
+        wt.slow_step.s(seconds=5),
         ox.group([wt.slow_step.s(seconds=1.5), wt.flaky.s(key="f", marker=str(marker))]),
         wt.echo_all.s(),
     ).enqueue(name="browser flow")
