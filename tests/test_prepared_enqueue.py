@@ -6,13 +6,15 @@ more and the enqueue is not lost outside a transaction. The same through a real 
 tests/test_pgbouncer.py (test_an_undeclared_pooler_makes_enqueue_stop_preparing)."""
 
 import dataclasses
+from datetime import timedelta
 
 import pytest
 from django.db import IntegrityError, ProgrammingError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from ox import clock
-from ox.db.postgresql.prepared import _CURSOR_ATTR, UNPREPARED_ATTR
+from ox import clock, sql
+from ox.connection import open_worker_connection
+from ox.db.postgresql.prepared import _CURSOR_ATTR, UNPREPARED_ATTR, prepares
 from ox.enqueue import insert_or_find, new_task
 from ox.models import Status, Task
 from tests import flow_tasks, tasks
@@ -218,3 +220,46 @@ def test_a_wrapper_shared_between_threads_keeps_no_cursor():
     finally:
         connection.dec_thread_sharing()
     assert Task.objects.count() == 3
+
+
+def test_a_statement_run_in_the_middle_of_a_write_does_not_replace_its_row_count():
+    # An execute_wrapper hook (or a log handler) that enqueues on the same connection while
+    # the outer statement's row count is still to be read: on one shared cursor the outer
+    # unique insert read the inner INSERT's count and said a held key had gone in.
+    tasks.noop.enqueue()
+    tasks.noop.enqueue()  # the kept cursor exists from here on
+    row = _row()
+    row.unique_key, row.unique_states = "held-key", 0
+    assert insert_or_find(connection, row, prepare=True) is None  # went in
+    inside = []
+
+    def enqueue_after(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if "ON CONFLICT" in sql and not inside:
+            inside.append(True)
+            tasks.noop.enqueue()  # runs while the outer count is unread
+        return result
+
+    again = dataclasses.replace(row, id=_row().id)
+    with connection.execute_wrapper(enqueue_after):
+        holder = insert_or_find(connection, again, prepare=True)
+    assert inside and holder == row.id  # the key is held: the holder's id, not "inserted"
+    assert Task.objects.count() == 4
+    assert _kept_cursor() is not None and not _kept_cursor().closed
+
+
+def test_a_worker_connection_keeps_no_cursor_holding_its_claimed_rows():
+    # A claim's result holds the tasks' arguments: kept, it would stay in memory until the
+    # next claim. Claims get a cursor each, closed after.
+    for i in range(3):
+        tasks.echo.enqueue("x" * 10_000, i)
+    conn = open_worker_connection("default")
+    try:
+        assert prepares(conn)  # the claims below run prepared, through prepared.fetchall
+        for _ in range(2):
+            now = clock.db_now(conn)
+            claimed = sql.claim(conn, "w-kept", ["default"], (3, 0), now, now + timedelta(seconds=30))
+            assert getattr(conn.connection, _CURSOR_ATTR, None) is None
+        assert Task.objects.filter(status=Status.RUNNING).count() == 3 and claimed == []
+    finally:
+        conn.close()

@@ -70,31 +70,47 @@ def prepares(conn: BaseDatabaseWrapper) -> bool:
     return bool(server) and server.get(GENERIC[0]) == GENERIC[1]
 
 
-# Set on a psycopg connection: the one preparing cursor every prepared statement on it runs
-# through. Opening and closing a cursor per statement cost ~14 us (timed here: a sixth of what
-# Python adds to an autocommit enqueue's round trip); a cursor holds only its last result, so
-# one per connection is enough. It goes with its connection (a reconnect makes a new psycopg connection).
-_CURSOR_ATTR = "_ox_prepared_cursor"
-
-
-def _cursor(conn: BaseDatabaseWrapper) -> CursorWrapper:
+def _cursor(conn: BaseDatabaseWrapper, raw: Any = None) -> CursorWrapper:
     """Django's cursor wrapper (query logging, execute_wrapper hooks and error translation
-    as for any cursor) around the connection's preparing cursor. Not to be closed (no `with`):
-    the wrapper is new each time, the cursor under it is kept for the next statement."""
+    as for any cursor) around a preparing cursor: `raw`, or a new one."""
     conn.ensure_connection()
     with conn.wrap_database_errors:
         conn.validate_thread_sharing()
         psycopg_conn = conn.connection
-        raw = getattr(psycopg_conn, _CURSOR_ATTR, None)
-        if raw is None or raw.closed or conn.allow_thread_sharing:
-            if psycopg_conn.prepare_threshold is None:
-                psycopg_conn.prepare_threshold = NEVER_BY_ITSELF
+        if psycopg_conn.prepare_threshold is None:
+            psycopg_conn.prepare_threshold = NEVER_BY_ITSELF
+        if raw is None or raw.closed or raw.connection is not psycopg_conn:
             raw = _prepared_cursor()(psycopg_conn)
-            # A wrapper shared between threads (inc_thread_sharing) gets a cursor per
-            # statement: two threads on one cursor would read each other's results.
-            if not conn.allow_thread_sharing:
-                setattr(psycopg_conn, _CURSOR_ATTR, raw)
         return conn.make_debug_cursor(raw) if conn.queries_logged else conn.make_cursor(raw)
+
+
+# Set on a psycopg connection: the preparing cursor its producers' writes run through, kept
+# between them. Opening and closing a cursor per statement cost ~14 us (timed here: a sixth of
+# what Python adds to an autocommit enqueue's round trip). Taken off the connection while a
+# statement runs, so a statement run in the middle of it (an execute_wrapper hook, a log
+# handler that enqueues) gets a cursor of its own and cannot replace this one's row count.
+# Writes only: an INSERT's result holds nothing, where a claim's would hold its rows (the
+# tasks' arguments) until the next claim. It goes with its connection (a reconnect makes a
+# new psycopg connection).
+_CURSOR_ATTR = "_ox_prepared_cursor"
+
+
+def _take_kept(conn: BaseDatabaseWrapper) -> Any:
+    """The connection's kept cursor, taken off it (None: none kept, or a wrapper shared
+    between threads, whose statements each get a cursor of their own)."""
+    if conn.allow_thread_sharing:
+        return None
+    psycopg_conn = conn.connection
+    raw = getattr(psycopg_conn, _CURSOR_ATTR, None)
+    if raw is not None:
+        setattr(psycopg_conn, _CURSOR_ATTR, None)
+    return raw
+
+
+def _keep(conn: BaseDatabaseWrapper, cursor: CursorWrapper) -> None:
+    raw = cursor.cursor
+    if not conn.allow_thread_sharing and not raw.closed:
+        setattr(raw.connection, _CURSOR_ATTR, raw)
 
 
 def fetchall(conn: BaseDatabaseWrapper, text: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
@@ -124,9 +140,9 @@ def fetchall(conn: BaseDatabaseWrapper, text: str, params: Sequence[object]) -> 
 
 
 def _run(conn: BaseDatabaseWrapper, text: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
-    prepared = _cursor(conn)
-    prepared.execute(text, params)
-    return prepared.fetchall()
+    with _cursor(conn) as prepared:
+        prepared.execute(text, params)
+        return prepared.fetchall()
 
 
 # Set on a psycopg connection once its first producer's write has shown whether it reaches the
@@ -171,9 +187,12 @@ def write(conn: BaseDatabaseWrapper, text: str, params: Sequence[object], prepar
                 setattr(conn, UNPREPARED_ATTR, True)
         return count
     try:
-        cursor = _cursor(conn)
-        cursor.execute(text, params)
-        return cursor.rowcount
+        cursor = _cursor(conn, _take_kept(conn))
+        try:
+            cursor.execute(text, params)
+            return cursor.rowcount
+        finally:
+            _keep(conn, cursor)
     except DatabaseError as exc:
         if getattr(exc.__cause__, "sqlstate", None) not in _POOLED:
             raise
