@@ -79,7 +79,7 @@ def _cursor(conn: BaseDatabaseWrapper, raw: Any = None) -> CursorWrapper:
         psycopg_conn = conn.connection
         if psycopg_conn.prepare_threshold is None:
             psycopg_conn.prepare_threshold = NEVER_BY_ITSELF
-        if raw is None or raw.closed or raw.connection is not psycopg_conn:
+        if raw is None or raw.closed:  # a kept one is always this connection's (_take_kept)
             raw = _prepared_cursor()(psycopg_conn)
         return conn.make_debug_cursor(raw) if conn.queries_logged else conn.make_cursor(raw)
 
