@@ -5,7 +5,6 @@ every cell; print the table."""
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -125,11 +124,7 @@ class Harness:
             try:
                 out, _ = agent.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
-                for pid in procs.descendants(agent.pid):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                procs.kill_tree(agent.pid)
                 agent.kill()
                 agent.wait()
                 return {"ok": False, "error": f"agent timed out after {timeout:.0f} s"}

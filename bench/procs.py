@@ -21,7 +21,10 @@ class Proc:
     # Filled when the process is measured: the last /proc reading of it and its descendants.
     cpu_s: float = 0.0
     hwm_kb: int = 0
-    children: set[int] = field(default_factory=set)
+    # Descendants seen so far, each with its start time (clock ticks after boot): a pid is
+    # counted or signalled only while the process under it is the one seen, never a later
+    # process the kernel gave the same pid once ours had exited.
+    children: dict[int, int] = field(default_factory=dict)
 
     @property
     def pid(self) -> int:
@@ -49,8 +52,9 @@ def spawn(argv: Sequence[str], env: dict[str, str], log: Path, label: str, cwd: 
     return Proc(popen=popen, log=log, label=label)
 
 
-def _stat(pid: int) -> tuple[int, float] | None:
-    """(parent pid, utime+stime seconds) from /proc/<pid>/stat, None if gone."""
+def _stat(pid: int) -> tuple[int, float, int] | None:
+    """(parent pid, utime+stime seconds, start time in clock ticks after boot) from
+    /proc/<pid>/stat, None if gone."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -59,7 +63,7 @@ def _stat(pid: int) -> tuple[int, float] | None:
     rest = raw[raw.rindex(")") + 2 :].split()
     ppid = int(rest[1])
     utime, stime = int(rest[11]), int(rest[12])
-    return ppid, (utime + stime) / CLOCK_TICKS
+    return ppid, (utime + stime) / CLOCK_TICKS, int(rest[19])
 
 
 def _status_kb(pid: int, field: str) -> int:
@@ -94,15 +98,33 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def _look(proc: Proc) -> list[int]:
+    """The process's pid and those of its descendants: the ones alive now (remembered with
+    their start times) and the ones seen before that still run as the same process."""
+    for pid in descendants(proc.pid):
+        st = _stat(pid)
+        if st is not None:
+            proc.children.setdefault(pid, st[2])
+    return [proc.pid, *_still_ours(proc)]
+
+
+def _still_ours(proc: Proc) -> list[int]:
+    """The remembered descendants still running as the process seen; the rest forgotten."""
+    for pid, started in list(proc.children.items()):
+        st = _stat(pid)
+        if st is None or st[2] != started:
+            del proc.children[pid]
+    return list(proc.children)
+
+
 def measure(procs: Iterable[Proc]) -> tuple[float, int]:
     """Total CPU seconds (user+system) and summed peak RSS (VmHWM, KiB) of the processes and
     their descendants, now. A process keeps its last reading once it is gone."""
     total_cpu, total_hwm = 0.0, 0
     for proc in procs:
         if proc.alive():
-            proc.children |= descendants(proc.pid)
             cpu, hwm = 0.0, 0
-            for pid in [proc.pid, *proc.children]:
+            for pid in _look(proc):
                 st = _stat(pid)
                 if st is not None:
                     cpu += st[1]
@@ -119,8 +141,7 @@ def rss_kb(procs: Iterable[Proc]) -> int:
     total = 0
     for proc in procs:
         if proc.alive():
-            proc.children |= descendants(proc.pid)
-            total += sum(_status_kb(pid, "VmRSS") for pid in [proc.pid, *proc.children])
+            total += sum(_status_kb(pid, "VmRSS") for pid in _look(proc))
     return total
 
 
@@ -177,7 +198,7 @@ def stop(procs: Iterable[Proc], grace: float = 15.0) -> None:
 def kill(proc: Proc) -> None:
     """SIGKILL one process we started, the descendants we saw it start, and whatever else is
     left in the process group it leads (descendants forked after we last looked)."""
-    for pid in [proc.pid, *proc.children]:
+    for pid in [proc.pid, *_still_ours(proc)]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -190,6 +211,30 @@ def kill(proc: Proc) -> None:
         proc.popen.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process's descendants and every process group one of them leads (a worker
+    spawn() started leads its own: what it forked and left behind as an orphan, no longer a
+    descendant, is still in that group). The process itself is the caller's to end."""
+    found = descendants(pid)
+    leaders = set()
+    for child in found:
+        try:
+            if os.getpgid(child) == child:
+                leaders.add(child)
+        except ProcessLookupError:
+            pass
+    for group in leaders:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for child in found:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def tail(path: Path, lines: int = 15) -> str:

@@ -81,6 +81,28 @@ def wait_for(path: Path, limit: float, stop: Path) -> bool:
     return False
 
 
+# How long a go-file may stay unreadable (caught mid-write) before the producer gives up on it.
+GO_READ_LIMIT = 5.0
+
+
+def read_go(path: Path, limit: float = GO_READ_LIMIT) -> dict:
+    """A round's go-file, read again while it is caught mid-write; one that is still not a
+    round's JSON after `limit` seconds is an error (raised: the harness sees the producer exit),
+    not a wait without end."""
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            go = json.loads(path.read_text())
+            if isinstance(go, dict) and all(isinstance(go.get(k), (int, float)) for k in ("start_at", "seconds")):
+                return go
+            problem = f"not a round: {go!r:.200}"
+        except (OSError, ValueError) as exc:
+            problem = str(exc)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{path}: unreadable for {limit:.0f} s ({problem})")
+        time.sleep(0.01)
+
+
 def main() -> None:
     import django
 
@@ -95,11 +117,7 @@ def main() -> None:
         (work / f"ready-{index}").touch()
         round_no = 0
         while wait_for(work / f"go-{round_no}.json", idle_limit, stop):
-            try:
-                go = json.loads((work / f"go-{round_no}.json").read_text())
-            except ValueError:  # caught mid-write: look again
-                time.sleep(0.01)
-                continue
+            go = read_go(work / f"go-{round_no}.json")
             start_at, end_at = go["start_at"], go["start_at"] + go["seconds"]
             time.sleep(max(start_at - time.time(), 0))
             began = time.time()
