@@ -41,6 +41,9 @@ def _held(held: Sequence[tuple[uuid.UUID, int, datetime | None]]) -> str:
     return f"[{rows}]"
 
 
+DEADLOCK = "40P01"  # SQLSTATE deadlock_detected
+
+
 class PostgresDriver(Driver):
     vendor: ClassVar[str] = "postgresql"
     session_locks: ClassVar[bool] = True
@@ -52,6 +55,13 @@ class PostgresDriver(Driver):
 
     def id(self, value: uuid.UUID) -> object:
         return value
+
+    def deadlocked(self, exc: BaseException) -> bool:
+        # 40P01: PostgreSQL's deadlock check (run deadlock_timeout into a lock wait) found this
+        # transaction in a cycle and rolled it back. ox takes its own rows in one order, but
+        # another session may not (a bulk UPDATE of ox_task, an admin action's SELECT ... FOR
+        # UPDATE): the victim's write is run again, as InnoDB's (ox.sql.again_on_deadlock).
+        return any(getattr(e, "sqlstate", None) == DEADLOCK for e in (exc, exc.__cause__))
 
     def in_list(self, values: Sequence[object]) -> tuple[str, list[object]]:
         return "= ANY(%s)", [list(values)]
