@@ -38,14 +38,22 @@ def psycopg_names(conn=connection) -> list[str]:
         return [name for (name,) in cursor.fetchall()]
 
 
+def _close() -> None:
+    """End the connection's server session: with Django's pool (DATABASE_POOL=1) close() only
+    hands the session back to the pool, so the pool goes too and the next connection is new."""
+    connection.close()
+    if connection.settings_dict.get("OPTIONS", {}).get("pool"):
+        connection.close_pool()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_session():
     # Each test starts on a new server session with nothing prepared and no mark left by another.
-    connection.close()
+    _close()
     if hasattr(connection, UNPREPARED_ATTR):
         delattr(connection, UNPREPARED_ATTR)
     yield
-    connection.close()
+    _close()
     if hasattr(connection, UNPREPARED_ATTR):
         delattr(connection, UNPREPARED_ATTR)
 
@@ -72,7 +80,7 @@ def test_a_sessions_first_enqueue_is_not_prepared():
     assert prepared() == []
     tasks.noop.enqueue()
     assert len(prepared()) == 1
-    connection.close()  # a new session: its first is plain again
+    _close()  # a new session: its first is plain again
     tasks.noop.enqueue()
     assert prepared() == []
     assert Task.objects.count() == 3
@@ -157,7 +165,7 @@ def test_one_preparing_cursor_serves_every_enqueue_of_a_connection():
         tasks.echo.enqueue(i)
         assert _kept_cursor() is kept and not kept.closed
     assert len(prepared()) == 1
-    connection.close()  # a new session gets a cursor of its own
+    _close()  # a new session gets a cursor of its own
     tasks.noop.enqueue()
     tasks.noop.enqueue()
     assert _kept_cursor() is not None and _kept_cursor() is not kept
