@@ -45,7 +45,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from scripts import soak
+from scripts import soak, soak_checks, soak_model
 from tests.conftest import database_url
 
 MINUTES = float(os.environ.get("OX_SOAK_MINUTES", "1"))
@@ -71,8 +71,8 @@ GROWS_UNTIL_VACUUMED = {"dead", "table_bytes", "index_bytes", "ready_index_bytes
 
 
 @pytest.fixture(scope="module")
-def run(django_db_setup, django_db_blocker, tmp_path_factory) -> soak.SoakResult:
-    config = soak.SoakConfig(minutes=MINUTES, rate=RATE)
+def run(django_db_setup, django_db_blocker, tmp_path_factory) -> soak_model.SoakResult:
+    config = soak_model.SoakConfig(minutes=MINUTES, rate=RATE)
     with django_db_blocker.unblock():
         result = soak.run_soak(
             config,
@@ -91,8 +91,8 @@ def run(django_db_setup, django_db_blocker, tmp_path_factory) -> soak.SoakResult
         Tick.objects.all().delete()
 
 
-def check(result: soak.SoakResult, name: str) -> soak.Check:
-    found = {c.name: c for c in soak.checks(result)}
+def check(result: soak_model.SoakResult, name: str) -> soak_checks.Check:
+    found = {c.name: c for c in soak_checks.checks(result)}
     assert name in found, f"no check {name!r}: {sorted(found)}"
     return found[name]
 
