@@ -1,7 +1,8 @@
 """What composing and observing tasks costs (docs/composing.md), ox only (no peer has task
 metadata): ox against itself, variants in rotating order within one agent (bench.flow)."""
 
-from bench.plan import PERSISTENT, Cell, _compare_metrics, _variant
+from bench.plan import PERSISTENT, Cell
+from bench.plan_flow import compare_metrics, variant
 
 ROUNDS = 3
 # The progress cell's throughput is set by its sleeps and how fast 100 slots refill: a round's
@@ -18,8 +19,8 @@ def _chain(concurrency: int) -> Cell:
     success makes the next READY in its transaction) against 10,000 independent no-op tasks.
     Target (issue 13): the chain costs at most 1.5x, i.e. chain5/plain >= 0.667."""
     variants = [
-        {**_variant("chain5", 1, concurrency), "task": "noop_step", "chain": 5},
-        {**_variant("plain", 1, concurrency), "task": "noop_step"},
+        {**variant("chain5", 1, concurrency), "task": "noop_step", "chain": 5},
+        {**variant("plain", 1, concurrency), "task": "noop_step"},
     ]
     ratios = {"chain5_plain": ["chain5", "plain"]}
     return Cell(
@@ -29,7 +30,7 @@ def _chain(concurrency: int) -> Cell:
         " 5 steps (ox.chain: each step gets the one before's result) against the same 10,000 as"
         f" independent tasks; 1 worker process, concurrency {concurrency}, CONN_MAX_AGE=600; PostgreSQL;"
         f" {ROUNDS} rounds, variants rotating",
-        _compare_metrics(variants, ratios),
+        compare_metrics(variants, ratios),
         {
             "n": 10_000,
             "task": "noop_step",
@@ -50,8 +51,8 @@ def _progress() -> list[Cell]:
     the same tasks without the saves. Target (issue 13): the saves cost at most 10% of the
     drain's throughput."""
     variants = [
-        {**_variant("progress", 1, 1), "task": "progress_async"},
-        {**_variant("plain", 1, 1), "task": "plain_async"},
+        {**variant("progress", 1, 1), "task": "progress_async"},
+        {**variant("plain", 1, 1), "task": "plain_async"},
     ]
     ratios = {"progress_plain": ["progress", "plain"]}
     return [
@@ -63,7 +64,7 @@ def _progress() -> list[Cell]:
             " asave_metadata(): ten saves a second per task), against the same tasks without the saves;"
             " 1 worker process, --async-concurrency 100 (the default: 100 tasks at once), CONN_MAX_AGE=600;"
             f" PostgreSQL; {PROGRESS_ROUNDS} rounds, variants rotating",
-            _compare_metrics(variants, ratios),
+            compare_metrics(variants, ratios),
             {
                 "n": 1000,
                 "task": "plain_async",
