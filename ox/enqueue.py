@@ -14,7 +14,7 @@ from django.tasks.signals import task_enqueued
 
 from ox import clock, sql, tracing
 from ox.db import driver
-from ox.db.dialect import after_deadlock
+from ox.db.dialect import after_deadlock, runs_again
 from ox.flow.unique import DuplicateTask, ExistingTaskResult, as_existing, limit_key
 from ox.ids import uuid7
 from ox.jsoncheck import jsonable
@@ -198,8 +198,9 @@ def _enqueue_unique(backend: "OxBackend", task: DjangoTask, conn: Any, rows: lis
     let go of deadlock with each other, and all but one are rolled back (elsewhere an insert
     waits for the holder and decides). Where ox's transaction is the outermost, a victim's is
     run again and then finds the key held (or free); inside the caller's atomic() the
-    caller's work was rolled back too, and the error is raised."""
-    outermost = not conn.in_atomic_block
+    caller's work was rolled back too, and the error is raised (so too in a transaction the caller
+    opened by turning autocommit off: ox.db.dialect.runs_again)."""
+    outermost = runs_again(conn)
     for attempt in range(UNIQUE_TRIES):
         try:
             return _enqueue_unique_once(backend, task, conn, rows)

@@ -8,6 +8,7 @@ the worker's clock and are passed in, so every database compares like with like.
 """
 
 import functools
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ox.db import driver
 from ox.db.base import HELD_FINISHED, LOCK_NAMESPACE, LOST_TRACEBACK, RESCUER_KEY, UNIQUE_HELD, Held
-from ox.db.dialect import DEADLOCK_TRIES, after_deadlock, runs_again
+from ox.db.dialect import DEADLOCK_BUDGET, DEADLOCK_TRIES, after_deadlock, runs_again
 from ox.db.rows import CLAIM_COLUMNS, Claimed, Completion, Failure, NewTask, WorkerRow
 from ox.db.walks import Gate
 
@@ -44,23 +45,29 @@ _RUNS_AGAIN = "_ox_runs_again"  # set on a connection while again_on_deadlock ru
 
 def again_on_deadlock[**P, R](fn: Callable[P, R]) -> Callable[P, R]:
     """Run a write that locks rows again when the database picked its transaction as a
-    deadlock victim (InnoDB rolled all of it back, so nothing of it was written; its locks on
-    index records are the database's to order, not ox's). Only where ox's transaction is the
-    outermost: inside the caller's atomic() the caller's work was rolled back too, and the
-    error is raised. The first argument is the connection."""
+    deadlock victim (the database rolled all of it back, so nothing of it was written; InnoDB's
+    locks on index records are the database's to order, not ox's, and on PostgreSQL another
+    session may take ox's rows in another order). Only where ox's transaction is the outermost
+    (runs_again): inside the caller's atomic() the error is the caller's, and raised. Not
+    after the victim's connection was closed (its ROLLBACK failed: the session is gone): a run
+    again would open a new session on the same wrapper, without what the worker holds on its
+    session (the liveness lock), so the error goes to the worker's reconnect path, which takes
+    that again. At most DEADLOCK_TRIES runs within DEADLOCK_BUDGET seconds. The first argument
+    is the connection."""
 
     @functools.wraps(fn)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
         conn: Any = args[0]
-        if not runs_again(conn) or getattr(conn, _RUNS_AGAIN, False):
+        if getattr(conn, _RUNS_AGAIN, False) or not runs_again(conn):
             return fn(*args, **kwargs)  # the outer call runs it again (or the caller's atomic())
+        give_up_at = time.monotonic() + DEADLOCK_BUDGET
         try:
             setattr(conn, _RUNS_AGAIN, True)
             for attempt in range(DEADLOCK_TRIES - 1):
                 try:
                     return fn(*args, **kwargs)
                 except DatabaseError as exc:
-                    if not driver(conn).deadlocked(exc):
+                    if not driver(conn).deadlocked(exc) or conn.connection is None or time.monotonic() > give_up_at:
                         raise
                     after_deadlock(attempt)
             return fn(*args, **kwargs)

@@ -104,6 +104,68 @@ def test_concurrent_unique_inserts_after_the_holder_rolls_back_neither_raise():
     assert Task.objects.filter(unique_key=key).count() == 1
 
 
+def test_a_unique_insert_in_the_callers_own_transaction_is_not_run_again_when_its_victim():
+    """Promise (ox.sql.insert_unique): a deadlock victim is run again only where it lost just
+    its statement (autocommit). A caller that turned autocommit off has a transaction of its
+    own open (no atomic()): InnoDB rolled all of it back, the caller's earlier writes too, so
+    the error is raised for the caller to see. Run again instead, the insert answered as if
+    nothing had happened and the caller committed a transaction missing what it wrote first."""
+    from tests.testapp.models import Ledger
+
+    def deadlocks() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")
+            return int(cursor.fetchone()[1])
+
+    before = deadlocks()
+    raised: list[BaseException] = []
+    answered = 0
+    for round_ in range(6):
+        key = f"own-{round_}"
+        holder = connections.create_connection("default")
+        outcomes: list[object] = []
+        try:
+            holder.ensure_connection()
+            with holder.cursor() as c:
+                c.execute("START TRANSACTION")
+            assert sql.insert_unique(holder, _row(key))
+
+            def enqueue(i: int, key: str = key, outcomes: list = outcomes) -> None:
+                conn = connections.create_connection("default")
+                try:
+                    conn.set_autocommit(False)
+                    with conn.cursor() as c:  # the caller's own write, before the enqueue
+                        c.execute("INSERT INTO testapp_ledger (`key`, pid, attempt) VALUES (%s, 0, 0)", [f"{key}-{i}"])
+                    try:
+                        outcomes.append(sql.insert_unique(conn, _row(key)))
+                    except Exception as exc:  # noqa: BLE001  (read below)
+                        outcomes.append(exc)
+                        conn.rollback()
+                        return
+                    conn.commit()
+                finally:
+                    conn.close()
+
+            threads = [threading.Thread(target=enqueue, args=(i,)) for i in range(3)]
+            for t in threads:
+                t.start()
+            time.sleep(1.0)  # all three wait on the holder's uncommitted key
+            with holder.cursor() as c:
+                c.execute("ROLLBACK")
+            for t in threads:
+                t.join(30)
+        finally:
+            holder.close()
+        errors = [o for o in outcomes if isinstance(o, Exception)]
+        raised += errors
+        answered += len(outcomes) - len(errors)
+        # Each caller that got an answer committed its own write with it: none lost.
+        assert Ledger.objects.filter(key__startswith=f"{key}-").count() == len(outcomes) - len(errors), outcomes
+        assert all(driver(connection).deadlocked(e) for e in errors), errors
+    assert deadlocks() > before, "InnoDB saw no deadlock: the test made none"
+    assert raised and answered
+
+
 def test_concurrent_unique_enqueues_while_the_holder_completes_neither_raise():
     """Promise (ox.sql.insert_unique): a concurrent insert of a held key waits for the holder
     and then exactly one insert goes in, none raising. Here the holder is a RUNNING unique

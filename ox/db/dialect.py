@@ -29,13 +29,18 @@ _ON_COMMIT = "_ox_on_commit"  # (key, savepoint level) -> what was last given to
 
 
 DEADLOCK_TRIES = 10  # runs of a deadlock victim's transaction, at most (ox.sql, ox.db.mysql)
+# And for at most this long (seconds, from the first run): PostgreSQL finds a deadlock only
+# deadlock_timeout (1 s by default) into a lock wait, and the worker's loop, heartbeat included,
+# waits for these runs; past this the error goes to the worker's reconnect path (ox.sql).
+DEADLOCK_BUDGET = 5.0
 
 
 def runs_again(conn: BaseDatabaseWrapper) -> bool:
     """Whether a transaction ox opens on this connection now would be the outermost: a
     deadlock victim's is then ox's to run again. Inside the caller's atomic() or another of
-    ox's transactions the victim's work is the outer transaction's, and goes with it."""
-    return not conn.in_atomic_block and not getattr(conn, _OPEN, False)
+    ox's transactions, or with autocommit turned off by the caller (a transaction of theirs is
+    open without atomic()), the victim's work is the outer transaction's and the error theirs."""
+    return not conn.in_atomic_block and not getattr(conn, _OPEN, False) and conn.get_autocommit()
 
 
 def after_deadlock(attempt: int) -> None:

@@ -134,9 +134,9 @@ def claim_limited(
             # the round trips below write completions without the join. Written first, on
             # their own: their slots count as free all the same.
             written = sql.complete(conn, done)
-            _none, gated = _claim_fast(fast, conn, worker_id, limits, names, demand, now, lease_expires_at, ())
+            _none, gated = _claim_fast(conn, fast, worker_id, limits, names, demand, now, lease_expires_at, ())
             return written, gated
-        return _claim_fast(fast, conn, worker_id, limits, names, demand, now, lease_expires_at, done)
+        return _claim_fast(conn, fast, worker_id, limits, names, demand, now, lease_expires_at, done)
     return _claim_locked(conn, worker_id, limits, names, demand, now, lease_expires_at, done)
 
 
@@ -175,9 +175,10 @@ def _window(want: int) -> int:
     return min(max(WINDOW_MIN, WINDOW_PER_TASK * want), WINDOW_MIN + 2 * want, WINDOW_MAX)
 
 
+@sql.again_on_deadlock
 def _claim_fast(
-    gate_pg: Any,
     conn: BaseDatabaseWrapper,
+    gate_pg: Any,
     worker_id: str,
     limits: dict[str, QueueLimits],
     names: list[str],
@@ -187,7 +188,8 @@ def _claim_fast(
     done: Sequence[sql.Completion],
     retried: bool = False,
 ) -> tuple[set[tuple[uuid.UUID, int]], Gated]:
-    """The same steps in two round trips (PostgreSQL: ox.db.postgresql.gate)."""
+    """The same steps in two round trips (PostgreSQL: ox.db.postgresql.gate), in one transaction
+    rolled back whole on any error (so run again whole if it is a deadlock victim)."""
     windows = _windows(limits, names, demand)
     try:
         written, states, running, reads = gate_pg.lock_and_read(conn, names, windows, now, done)
@@ -197,7 +199,7 @@ def _claim_fast(
             if retried:
                 raise RuntimeError(f"ox_queue rows missing for {sorted(set(names) - set(states))}")
             _ensure_rows(conn, names)
-            return _claim_fast(gate_pg, conn, worker_id, limits, names, demand, now, lease, done, retried=True)
+            return _claim_fast(conn, gate_pg, worker_id, limits, names, demand, now, lease, done, retried=True)
         open_names = [n for n in names if not states[n][0]]
         decision = Decision(limits, {q: tat for q, (_p, tat) in states.items()}, running, now.timestamp())
         if open_names:

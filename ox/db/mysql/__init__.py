@@ -270,8 +270,14 @@ class MysqlDriver(MysqlClaims):
                 # Inserts waiting on a key its holder lets go of deadlock with each other
                 # (each took a shared lock on the key, each wants it exclusively); the victim,
                 # in autocommit, lost only this statement: again. Inside a transaction the
-                # victim's whole transaction is gone: the caller's to retry (ox.enqueue).
-                if conn.in_atomic_block or attempt == DEADLOCK_TRIES - 1 or not self.deadlocked(error):
+                # victim's whole transaction is gone (also one the caller opened by turning
+                # autocommit off): the caller's to retry (ox.enqueue).
+                if (
+                    conn.in_atomic_block
+                    or not conn.get_autocommit()
+                    or attempt == DEADLOCK_TRIES - 1
+                    or not self.deadlocked(error)
+                ):
                     raise
                 after_deadlock(attempt)
                 continue
