@@ -36,6 +36,10 @@ def open_worker_connection(alias: str, pooled: bool = False, idle_limit: float =
     # client-side pool; an external pooler is what `pooled` is about.)
     options.pop("pool", None)
     settings["CONN_MAX_AGE"] = None
+    # Each of the worker's statements commits, or opens ox's own transaction, whatever the
+    # project's DATABASES say: with AUTOCOMMIT False a claim or completion would stay
+    # uncommitted (invisible to every other session) until something committed it.
+    settings["AUTOCOMMIT"] = True
     server = driver(conn).worker_options(options, pooled, idle_limit)
     if server is not None:
         # On the wrapper, not applied once here: a reconnect of the same wrapper gets them too.

@@ -52,7 +52,8 @@ def again_on_deadlock[**P, R](fn: Callable[P, R]) -> Callable[P, R]:
     after the victim's connection was closed (its ROLLBACK failed: the session is gone): a run
     again would open a new session on the same wrapper, without what the worker holds on its
     session (the liveness lock), so the error goes to the worker's reconnect path, which takes
-    that again. At most DEADLOCK_TRIES runs within DEADLOCK_BUDGET seconds. The first argument
+    that again. At most DEADLOCK_TRIES runs, none begun later than DEADLOCK_BUDGET seconds after
+    the first deadlock. The first argument
     is the connection."""
 
     @functools.wraps(fn)
@@ -60,14 +61,17 @@ def again_on_deadlock[**P, R](fn: Callable[P, R]) -> Callable[P, R]:
         conn: Any = args[0]
         if getattr(conn, _RUNS_AGAIN, False) or not runs_again(conn):
             return fn(*args, **kwargs)  # the outer call runs it again (or the caller's atomic())
-        give_up_at = time.monotonic() + DEADLOCK_BUDGET
+        give_up_at: float | None = None  # counted from the first deadlock, not the first run's start
         try:
             setattr(conn, _RUNS_AGAIN, True)
             for attempt in range(DEADLOCK_TRIES - 1):
                 try:
                     return fn(*args, **kwargs)
                 except DatabaseError as exc:
-                    if not driver(conn).deadlocked(exc) or conn.connection is None or time.monotonic() > give_up_at:
+                    if not driver(conn).deadlocked(exc) or conn.connection is None:
+                        raise
+                    give_up_at = give_up_at or time.monotonic() + DEADLOCK_BUDGET
+                    if time.monotonic() >= give_up_at:
                         raise
                     after_deadlock(attempt)
             return fn(*args, **kwargs)

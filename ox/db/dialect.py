@@ -29,7 +29,7 @@ _ON_COMMIT = "_ox_on_commit"  # (key, savepoint level) -> what was last given to
 
 
 DEADLOCK_TRIES = 10  # runs of a deadlock victim's transaction, at most (ox.sql, ox.db.mysql)
-# And for at most this long (seconds, from the first run): PostgreSQL finds a deadlock only
+# And for at most this long (seconds, from the first deadlock): PostgreSQL finds a deadlock only
 # deadlock_timeout (1 s by default) into a lock wait, and the worker's loop, heartbeat included,
 # waits for these runs; past this the error goes to the worker's reconnect path (ox.sql).
 DEADLOCK_BUDGET = 5.0
