@@ -15,6 +15,11 @@ RESULT_MARK = "BENCH-RESULT "
 
 def main() -> None:
     job = json.loads(sys.argv[1])
+    from bench.procs import become_subreaper
+
+    # Orphans of a worker that died come to this process, not init: the harness's timeout
+    # (procs.kill_tree) and each job's stop still find them, so none outlives the agent.
+    become_subreaper()
     try:
         import django
 

@@ -124,9 +124,7 @@ class Harness:
             try:
                 out, _ = agent.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
-                procs.kill_tree(agent.pid)
-                agent.kill()
-                agent.wait()
+                procs.end_agent(agent)
                 return {"ok": False, "error": f"agent timed out after {timeout:.0f} s"}
         for line in reversed(out.decode(errors="replace").splitlines()):
             if line.startswith(RESULT_MARK):

@@ -103,8 +103,8 @@ def _look(proc: Proc) -> list[int]:
     their start times) and the ones seen before that still run as the same process."""
     for pid in descendants(proc.pid):
         st = _stat(pid)
-        if st is not None:
-            proc.children.setdefault(pid, st[2])
+        if st is not None:  # a descendant now: ours, whatever held the pid before
+            proc.children[pid] = st[2]
     return [proc.pid, *_still_ours(proc)]
 
 
@@ -189,34 +189,58 @@ def stop(procs: Iterable[Proc], grace: float = 15.0) -> None:
             proc.popen.wait(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
             kill(proc)
-        try:  # what its exit left behind in its process group (spawn)
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _kill_group(proc)  # what its exit left behind in its process group (spawn)
+
+
+def _kill_group(proc: Proc) -> None:
+    """SIGKILL the process group `proc` leads (spawn made it a leader). Once the leader is
+    reaped its pid is free again only when no process is left in its group: a process holding
+    that pid now means the group is empty and the pid someone else's, so nothing is sent."""
+    if proc.popen.returncode is not None and Path(f"/proc/{proc.pid}").exists():
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def kill(proc: Proc) -> None:
     """SIGKILL one process we started, the descendants we saw it start, and whatever else is
     left in the process group it leads (descendants forked after we last looked)."""
-    for pid in [proc.pid, *_still_ours(proc)]:
+    if proc.alive():  # not once reaped: its pid may be another process's by now
+        proc.popen.kill()
+    for pid in _still_ours(proc):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # spawn() made proc.pid the group's leader
-    except (ProcessLookupError, PermissionError):
-        pass
+    _kill_group(proc)
     try:
         proc.popen.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
 
 
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def become_subreaper() -> None:
+    """Make this process the one its descendants' orphans are handed to (Linux), instead of
+    init: a worker that dies leaves what it forked as this process's descendants, where
+    descendants() and kill_tree() still find them."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL a process's descendants and every process group one of them leads (a worker
     spawn() started leads its own: what it forked and left behind as an orphan, no longer a
-    descendant, is still in that group). The process itself is the caller's to end."""
+    descendant, is still in that group). The process itself is the caller's to end: stop it
+    first (SIGSTOP), so it starts nothing after the look. A bench agent is a subreaper
+    (become_subreaper), so the orphans of a worker that died before are its descendants."""
     found = descendants(pid)
     leaders = set()
     for child in found:
@@ -235,6 +259,18 @@ def kill_tree(pid: int) -> None:
             os.kill(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def end_agent(agent: subprocess.Popen[bytes]) -> None:
+    """End a process that started workers, and all it started: stopped first (SIGSTOP), so it
+    starts nothing after the look, then its tree (kill_tree), then itself, reaped."""
+    try:
+        agent.send_signal(signal.SIGSTOP)
+    except ProcessLookupError:
+        pass
+    kill_tree(agent.pid)
+    agent.kill()
+    agent.wait()
 
 
 def tail(path: Path, lines: int = 15) -> str:
