@@ -47,6 +47,10 @@ def children(pid: int) -> list[int]:
         return []
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class RunScript:
     """./run as a child process, stopped by its pid with the Ctrl-C it expects."""
 
@@ -54,11 +58,22 @@ class RunScript:
         self.log = log
         self._file = log.open("wb")
         command = [str(tree / "run")]
-        self.proc = subprocess.Popen(command, cwd=tree, env=env, stdout=self._file, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(  # noqa: S603  (the project's own script)
+            command,
+            cwd=tree,
+            env=env,
+            stdout=self._file,
+            stderr=subprocess.STDOUT,
+            # As a terminal starts it: SIGINT at its default. A test run started in the
+            # background (`cmd &` in a script) inherits SIGINT ignored, and a shell that starts
+            # with a signal ignored cannot trap it: ./run would never see the Ctrl-C sent below.
+            preexec_fn=_default_sigint,  # noqa: PLW1509  (only resets a signal, before exec)
+        )
         self.seen_children: set[int] = set()
 
     def output(self) -> str:
-        self._file.flush()
+        if not self._file.closed:
+            self._file.flush()
         return self.log.read_text(errors="replace")
 
     def note_children(self) -> None:
