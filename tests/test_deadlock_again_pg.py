@@ -54,9 +54,12 @@ def _waits_on_a_lock(conn, pid: int) -> bool:
 
 
 def _victim(conn=None):
-    """A worker connection (or `conn`) whose deadlock check comes first."""
-    conn = conn or open_worker_connection(connection.alias)
-    conn.inc_thread_sharing()
+    """A worker connection whose deadlock check comes first, shared with _deadlock's thread
+    (or `conn`, which stays this thread's own: a shared one keeps no enqueue cursor, and the
+    tests after these use this thread's connection)."""
+    if conn is None:
+        conn = open_worker_connection(connection.alias)
+        conn.inc_thread_sharing()
     with conn.cursor() as cursor:
         cursor.execute(f"SET deadlock_timeout = '{VICTIM_CHECK}'")
     return conn

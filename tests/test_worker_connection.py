@@ -17,10 +17,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_worker_connection_commits_each_write_though_the_project_turns_autocommit_off(monkeypatch):
-    monkeypatch.setitem(connections.settings[connection.alias], "AUTOCOMMIT", False)
     result = tasks.noop.enqueue()
-    connection.commit()  # the test's own connection follows the setting too
-    worker = open_worker_connection(connection.alias)
+    # Only while the worker's connection is made (the test's own must not reconnect with it).
+    with monkeypatch.context() as m:
+        m.setitem(connections.settings[connection.alias], "AUTOCOMMIT", False)
+        worker = open_worker_connection(connection.alias)
     try:
         assert worker.get_autocommit()
         assert runs_again(worker)  # so a deadlock victim of its is ox's to run again
@@ -38,5 +39,4 @@ def test_a_worker_connection_commits_each_write_though_the_project_turns_autocom
             other.close()
     finally:
         worker.close()
-    connection.rollback()
     assert Task.objects.get(pk=result.id).status == Status.RUNNING
