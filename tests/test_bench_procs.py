@@ -100,9 +100,7 @@ def test_kill_tree_ends_an_orphan_left_in_a_workers_process_group(tmp_path):
     finally:
         agent.kill()
         agent.wait()
-        for p in _pids_in(pidfile):  # only what this test started, by pid, should it have failed
-            if _alive(p):
-                os.kill(p, 9)
+        _kill_recorded(pidfile)
 
 
 def test_a_producer_reads_a_go_file_written_late_and_gives_up_on_one_that_never_parses(tmp_path):
@@ -132,6 +130,14 @@ def _pids_in(path: Path) -> list[int]:
         return []
 
 
+def _kill_recorded(path: Path) -> None:
+    """SIGKILL what a test's processes wrote to `path` and is still alive: only what the test
+    started, by pid, should the test have failed before ending it."""
+    for pid in _pids_in(path):
+        if _alive(pid):
+            os.kill(pid, 9)
+
+
 def test_an_agent_ended_on_timeout_starts_no_worker_after_the_look(tmp_path):
     # An agent that keeps starting workers (each a session of its own, as spawn() makes them):
     # looked at while it still ran, the workers it started after the look outlived it.
@@ -156,9 +162,7 @@ def test_an_agent_ended_on_timeout_starts_no_worker_after_the_look(tmp_path):
         if agent.poll() is None:
             agent.kill()
             agent.wait()
-        for p in _pids_in(pids):  # only what this test started, by pid
-            if _alive(p):
-                os.kill(p, 9)
+        _kill_recorded(pids)
 
 
 def test_the_orphans_of_a_worker_that_died_are_ended_with_its_agent(tmp_path):
@@ -195,9 +199,7 @@ def test_the_orphans_of_a_worker_that_died_are_ended_with_its_agent(tmp_path):
         if agent.poll() is None:
             agent.kill()
             agent.wait()
-        for p in _pids_in(pidfile):  # only what this test started, by pid, should it have failed
-            if _alive(p):
-                os.kill(p, 9)
+        _kill_recorded(pidfile)
 
 
 def test_a_pid_seen_before_and_now_held_by_a_descendant_is_counted(tmp_path):

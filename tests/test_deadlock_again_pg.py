@@ -116,16 +116,23 @@ def _deadlock(victim, write: Callable[[], Any], hold: tuple[str, object], ask: t
     return out
 
 
-def test_a_completion_picked_as_deadlock_victim_runs_again_and_counts_its_follower_down_once():
-    worker = _victim()
-    first, child = _claimed_parent(worker)
+def _end_with_claim(worker, first) -> Callable[[], Any]:
+    """The worker's usual write: the first step's success, its join and the next claim in one
+    statement (sql.complete_and_claim)."""
 
     def write():
         now = clock.db_now(worker)
         done = [sql.Completion(first.id, first.fence, json.dumps(3), now, now, True)]
         return sql.complete_and_claim(worker, done, "w1", ["default"], (4, 0), now, now + timedelta(seconds=120))
 
-    out = _deadlock(worker, write, (TASK_ROW, child), (TASK_ROW, first.id))
+    return write
+
+
+def test_a_completion_picked_as_deadlock_victim_runs_again_and_counts_its_follower_down_once():
+    worker = _victim()
+    first, child = _claimed_parent(worker)
+
+    out = _deadlock(worker, _end_with_claim(worker, first), (TASK_ROW, child), (TASK_ROW, first.id))
     worker.close()
     assert "error" not in out, out.get("error")
     assert out["other_got_its_row"]
@@ -214,12 +221,7 @@ def test_past_the_budget_the_victim_is_raised(monkeypatch):
     worker = _victim()
     first, child = _claimed_parent(worker)
 
-    def write():
-        now = clock.db_now(worker)
-        done = [sql.Completion(first.id, first.fence, json.dumps(3), now, now, True)]
-        return sql.complete_and_claim(worker, done, "w1", ["default"], (4, 0), now, now + timedelta(seconds=120))
-
-    out = _deadlock(worker, write, (TASK_ROW, child), (TASK_ROW, first.id))
+    out = _deadlock(worker, _end_with_claim(worker, first), (TASK_ROW, child), (TASK_ROW, first.id))
     worker.close()
     assert driver(connection).deadlocked(out.get("error")), out
     assert Task.objects.get(pk=first.id).status == Status.RUNNING
