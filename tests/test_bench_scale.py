@@ -17,6 +17,7 @@ from bench import procs, producers, report
 from bench.arms import ARM_NAMES, ARMS
 from bench.plan import build
 from bench.plan_scale import DRAIN_CELLS, DRAIN_SERIES, ENQUEUE_CELLS, ENQUEUE_SERIES
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,9 +97,7 @@ def test_rss_of_a_process_we_started(tmp_path):
     try:
         # A Python interpreter holds more than 1 MiB once it has loaded; read at once, the
         # child may still be in its exec (CI read 204 KiB).
-        deadline = time.monotonic() + 10
-        while procs.rss_kb([proc]) <= 1000 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: procs.rss_kb([proc]) > 1000, timeout=10)
         assert procs.rss_kb([proc]) > 1000
         assert procs._status_kb(os.getpid(), "VmRSS") > 0
     finally:
