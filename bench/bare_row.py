@@ -1,13 +1,16 @@
-"""ox's sequential enqueue split into the row it stores and its own Python (the enqueue_bare_row
-cell, bench.plan_bare_row; ox only), run by the enqueue_seq job when its parameters say `bare_row`.
+"""ox's sequential enqueue split into rungs, from the bare SQL limit down to ox (the
+enqueue_bare_row cell, bench.plan_bare_row; ox only), run by the enqueue_seq job when its
+parameters say `bare_row`.
 
 "ox" is `noop.enqueue()` as enqueue_seq times it. "bare" is the very INSERT that call sends to
 ox_task, its SQL text and parameters captured from one real enqueue, run by psycopg alone on a
 connection of its own with `prepare=True`, as ox runs it (ox.db.postgresql.prepared.write): the
 same table, indexes and NOTIFY trigger, the same work per row, no Django and no ox in between. Each
 bare call gets what ox gives each call anew (a uuid7 id, now for its timestamps), so no key clashes.
-The two kinds alternate in chunks, the order turning per chunk and per round, so the machine's
-noise of the moment falls on both alike (as bench.flow.compare_enqueue does); ox/bare is per round.
+"limit" is the limit arm's thin INSERT on that bare connection, and "floor" the same INSERT behind
+Django's Tasks API with nothing else (bench.floor): the most any django.tasks backend can reach.
+The kinds alternate in chunks, the order reversed per chunk and per round, so the machine's noise
+of the moment falls on all alike (as bench.flow.compare_enqueue does); the ratios are per round.
 """
 
 import re
@@ -19,6 +22,7 @@ from typing import Any
 
 from django.db import connection
 
+from bench import floor
 from bench.arms.base import Arm
 from bench.flow import spread
 from bench.tasks import noop
@@ -26,7 +30,8 @@ from bench.tasks import noop
 Params = dict[str, Any]
 Result = dict[str, Any]
 
-KINDS = ("ox", "bare")
+# ox's enqueue, ox's row on bare psycopg, the limit's row behind Django's API, the limit's row.
+KINDS = ("ox", "bare", "floor", "limit")
 # The statement to take: an INSERT into ox_task itself (not ox_task_archive or another table).
 INSERT_INTO_TASKS = re.compile(r'^\s*INSERT\s+INTO\s+"?ox_task"?\s*\(', re.IGNORECASE)
 # How a session's prepared copy of that INSERT shows in pg_prepared_statements (psycopg sends
@@ -129,10 +134,22 @@ def _django_count(sql: str, params: list[str]) -> int:
         return int(cursor.fetchone()[0])
 
 
+# The rungs from the bound down to ox, each a fraction of the one above it: the limit arm's thin
+# row on bare psycopg; that row behind Django's Tasks API (bench.floor); ox's own row on bare
+# psycopg; ox's enqueue.
+RATIOS = {
+    "ratio_floor_limit": ("floor", "limit"),
+    "ratio_bare_limit": ("bare", "limit"),
+    "ratio_ox_bare": ("ox", "bare"),
+    "ratio_ox_floor": ("ox", "floor"),
+    "ratio_ox_limit": ("ox", "limit"),
+}
+
+
 def compare(arm: Arm, p: Params) -> Result:
-    """Per round, on an emptied ox_task: one uncounted call of each kind, then n calls of each
-    in chunks of `chunk`, the kinds alternating per chunk (the first one turning per round).
-    Per kind: calls over the summed time; ox/bare per round."""
+    """Per round, on emptied tables: one uncounted call of each kind, then n calls of each in
+    chunks of `chunk`, the kinds alternating per chunk (the order turning per chunk and round).
+    Per kind: calls over the summed time; the ratios of RATIOS per round."""
     if arm.name != "ox":
         raise RuntimeError("the bare-row cell measures ox's own row")
     if connection.vendor != "postgresql":
@@ -148,22 +165,29 @@ def compare(arm: Arm, p: Params) -> Result:
     row = capture(noop.enqueue)
     notes: list[str] = []
     samples: dict[str, list[float]] = {kind: [] for kind in KINDS}
-    rows: list[int] = []
-    with bare_connection() as bare:
+    counted: dict[str, list[int]] = {"ox_task": [], "limit_task": []}
+    with bare_connection() as bare, floor.floor_task(noop, bare) as on_floor:
         bare_calls(bare, row, 1)
+        floor.limit_calls(bare, 1)
         is_prepared = {
             "ox": prepared(_django_count),
             "bare": prepared(lambda sql, params: int(bare.execute(sql, params).fetchone()[0])),
         }
         if not all(is_prepared.values()):
             raise RuntimeError(f"enqueue_bare_row: ox's INSERT is not prepared in every session: {is_prepared}")
-        run = {"ox": ox_calls, "bare": lambda count: bare_calls(bare, row, count)}
+        run = {
+            "ox": ox_calls,
+            "bare": lambda count: bare_calls(bare, row, count),
+            "floor": lambda count: floor.floor_calls(on_floor.enqueue, count),
+            "limit": lambda count: floor.limit_calls(bare, count),
+        }
         for r in range(rounds):
             arm.reset([])
+            floor.empty(bare)
             # After the TRUNCATE each prepared statement is planned again at its next run: here,
             # outside the timing.
-            ox_calls(1)
-            bare_calls(bare, row, 1)
+            for kind in KINDS:
+                run[kind](1)
             spent = dict.fromkeys(KINDS, 0.0)
             for c in range(calls // chunk):
                 order = KINDS if (r + c) % 2 == 0 else KINDS[::-1]
@@ -171,29 +195,31 @@ def compare(arm: Arm, p: Params) -> Result:
                     spent[kind] += run[kind](chunk)
             for kind in KINDS:
                 samples[kind].append(calls / spent[kind])
-            found = arm.model.objects.count()
-            rows.append(found)
-            if found != 2 * calls + 2:
-                want = f"{2 * calls + 2} (2 x {calls} calls + 2 warm-ups)"
-                notes.append(f"round {r}: {found} rows in ox_task, want {want}")
-    ratios = [samples["ox"][r] / samples["bare"][r] for r in range(rounds)]
+            # Two kinds write each table: their calls and one warm-up each.
+            for table, found in (("ox_task", arm.model.objects.count()), ("limit_task", floor.rows(bare))):
+                counted[table].append(found)
+                if found != 2 * calls + 2:
+                    notes.append(
+                        f"round {r}: {found} rows in {table}, want {2 * calls + 2} (2 x {calls} calls + 2 warm-ups)"
+                    )
+    ratios = {key: [samples[a][r] / samples[b][r] for r in range(rounds)] for key, (a, b) in RATIOS.items()}
     return {
-        "throughput_ox": samples["ox"],
-        "throughput_bare": samples["bare"],
-        "ratio_ox_bare": ratios,
+        **{f"throughput_{kind}": samples[kind] for kind in KINDS},
+        **ratios,
         "info": {
             "n": n,
             "chunk": chunk,
             "rounds": rounds,
             "calls_per_kind_and_round": calls,
-            "order": "per round an emptied ox_task and one uncounted call of each kind; chunks alternating,"
-            " the first kind turning per round",
+            "order": "per round emptied tables and one uncounted call of each kind; chunks alternating,"
+            " the order turning per chunk and round",
             "captured": row.describe(),
             "prepared": is_prepared,
-            "rows": rows,
+            "rows": counted["ox_task"],
+            "limit_rows": counted["limit_task"],
             "spread": {
                 **{f"throughput_{kind}": spread(samples[kind]) for kind in KINDS},
-                "ox/bare": spread(ratios),
+                **{f"{a}/{b}": spread(ratios[key]) for key, (a, b) in RATIOS.items()},
             },
             "notes": notes,
         },

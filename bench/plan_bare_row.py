@@ -1,6 +1,8 @@
 """The enqueue_bare_row cell (ox only): ox's sequential enqueue against the very INSERT it sends,
 run on bare psycopg (bench.bare_row), so the enqueue's cost splits into the row ox stores and ox's
-own Python. Pure data, like bench.plan.
+own Python; and, in the same interleaved run, the limit's thin INSERT alone and behind Django's
+Tasks API (bench.floor), so the gap to the limit splits into what Django's API costs any backend,
+what ox's row costs and what ox's Python costs. Pure data, like bench.plan.
 
 bench.plan adds it with `with_bare_row` after every other arm has joined the plan: the peers' plan
 modules would otherwise give it their "not run yet", where every arm but ox cannot run it.
@@ -13,7 +15,13 @@ CELL = "enqueue_bare_row"
 METRICS = (
     Metric("throughput_ox", "throughput_ox", "tasks/s", True),
     Metric("throughput_bare", "throughput_bare", "tasks/s", True),
+    Metric("throughput_floor", "throughput_floor", "tasks/s", True),
+    Metric("throughput_limit", "throughput_limit", "tasks/s", True),
     Metric("ratio_ox_bare", "ratio_ox_bare", "ox/bare", True),
+    Metric("ratio_floor_limit", "ratio_floor_limit", "floor/limit", True),
+    Metric("ratio_bare_limit", "ratio_bare_limit", "bare/limit", True),
+    Metric("ratio_ox_floor", "ratio_ox_floor", "ox/floor", True),
+    Metric("ratio_ox_limit", "ratio_ox_limit", "ox/limit", True),
 )
 REASON = (
     "cannot run: the cell measures ox's own row (noop.enqueue() against the same INSERT into ox_task run on"
@@ -32,9 +40,14 @@ def bare_row_cell(quick: bool) -> Cell:
         " same index entries and NOTIFY trigger), its SQL text and parameters captured from one real"
         " noop.enqueue(), run with psycopg's prepare=True on a separate autocommit psycopg connection, a new"
         " uuid7 id and enqueued_at/run_after = now per call; both prepared (ox prepares its INSERT on"
-        f" PostgreSQL); interleaved in chunks of {chunk}, the kinds alternating per chunk and the first one"
-        f" turning per round; {rounds} rounds, ox_task emptied and one uncounted call of each kind before each;"
-        " ratio ox/bare per round (1.0: ox's Python costs nothing beyond psycopg's)",
+        " PostgreSQL); limit: the limit arm's thin INSERT (bench.limit_sql, into limit_task in the same"
+        " database) on that bare connection, prepared; floor: that same INSERT behind Django's Tasks API"
+        " (Task.enqueue() through a backend doing only what the API requires: the row, the TaskResult,"
+        " task_enqueued; bench.floor), the most any django.tasks backend can reach;"
+        f" interleaved in chunks of {chunk}, the order of the four kinds reversed per chunk and per round;"
+        f" {rounds} rounds, the tables emptied and one uncounted call of each kind before each;"
+        " ratios per round (ox/bare 1.0: ox's Python costs nothing beyond psycopg's; floor/limit: the"
+        " share of the limit Django's API leaves any backend)",
         METRICS,
         {"n": n, "chunk": chunk, "rounds": rounds, "bare_row": True},
         arms=("ox",),

@@ -11,7 +11,14 @@ from django.db import connection
 from bench.arms import ARM_NAMES
 from bench.ci import ci_plan
 from bench.plan import build
+from bench.bare_row import RATIOS
 from bench.plan_bare_row import CELL
+
+
+def _limit_table_exists() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass('limit_task') IS NOT NULL")
+        return bool(cursor.fetchone()[0])
 
 
 def test_the_plan_has_the_cell_for_ox_and_every_other_arm_says_why():
@@ -27,13 +34,19 @@ def test_the_plan_has_the_cell_for_ox_and_every_other_arm_says_why():
         assert metrics == [
             ("throughput_ox", "throughput_ox", "tasks/s", True, "median"),
             ("throughput_bare", "throughput_bare", "tasks/s", True, "median"),
+            ("throughput_floor", "throughput_floor", "tasks/s", True, "median"),
+            ("throughput_limit", "throughput_limit", "tasks/s", True, "median"),
             ("ratio_ox_bare", "ratio_ox_bare", "ox/bare", True, "median"),
+            ("ratio_floor_limit", "ratio_floor_limit", "floor/limit", True, "median"),
+            ("ratio_bare_limit", "ratio_bare_limit", "bare/limit", True, "median"),
+            ("ratio_ox_floor", "ratio_ox_floor", "ox/floor", True, "median"),
+            ("ratio_ox_limit", "ratio_ox_limit", "ox/limit", True, "median"),
         ]
         assert set(cell.cannot_run) == set(ARM_NAMES) - {"ox"}, mode
         for arm, why in cell.cannot_run.items():
             assert why.startswith("cannot run: ") and "ox's own row" in why, (arm, why)
         # The settings are in the text a reader sees.
-        for said in ("autocommit", "prepare=True", "chunks of 100", f"{rounds} rounds", "same INSERT", "uuid7"):
+        for said in ("autocommit", "prepare=True", "chunks of 100", f"{rounds} rounds", "same INSERT", "uuid7", "limit_task", "Django's Tasks API"):
             assert said in cell.about, (mode, said)
     assert CELL not in {c.name for c in ci_plan()}  # not in the CI subset
 
@@ -46,18 +59,31 @@ def test_the_job_for_real_on_postgresql():
     from bench.arms.ox import OxArm
     from ox.models import Task
 
+    from django.tasks import task_backends
+
+    from bench.floor import ALIAS
+
+    assert not _limit_table_exists()
     result = jobs.enqueue_seq(OxArm(), {"n": 25, "chunk": 10, "rounds": 2, "bare_row": True})
     json.dumps(result)  # the agent prints it as JSON
     info = result["info"]
     calls = info["calls_per_kind_and_round"]
     assert calls == 20  # whole chunks only
-    for key in ("throughput_ox", "throughput_bare", "ratio_ox_bare"):
+    kinds = ("ox", "bare", "floor", "limit")
+    for key in [f"throughput_{kind}" for kind in kinds] + list(RATIOS):
         assert len(result[key]) == 2 and all(v > 0 for v in result[key]), key
-    assert result["ratio_ox_bare"] == pytest.approx(
-        [o / b for o, b in zip(result["throughput_ox"], result["throughput_bare"])]
-    )
-    # Each round: both kinds' calls and one warm-up of each, every row a distinct READY noop.
-    assert info["rows"] == [2 * calls + 2] * 2 and info["notes"] == []
+    for key, (a, b) in RATIOS.items():
+        assert result[key] == pytest.approx(
+            [x / y for x, y in zip(result[f"throughput_{a}"], result[f"throughput_{b}"])]
+        ), key
+        assert set(info["spread"][f"{a}/{b}"]) >= {"min", "max"}, key
+    # Each round: two kinds' calls and one warm-up of each in each table.
+    assert info["rows"] == [2 * calls + 2] * 2 and info["limit_rows"] == [2 * calls + 2] * 2
+    assert info["notes"] == []
+    # The limit's table was made for the cell and is gone, as is the floor's backend.
+    assert not _limit_table_exists()
+    with pytest.raises(Exception, match=ALIAS):
+        task_backends[ALIAS]
     rows = Task.objects.filter(task_path="bench.tasks.noop", status="READY")
     assert rows.count() == 2 * calls + 2 and rows.values("id").distinct().count() == 2 * calls + 2
     captured = info["captured"]
@@ -75,3 +101,50 @@ def test_the_capture_wants_exactly_one_insert_into_ox_task():
         capture(lambda: [noop.enqueue(), noop.enqueue()][-1])
     with pytest.raises(RuntimeError, match="captured 0 among 0"):
         capture(lambda: None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_floor_backend_keeps_django_s_contract_and_leaves_nothing_behind():
+    """The floor stands for what every django.tasks backend must do: a TaskResult back (READY,
+    its arguments normalised to JSON), task_enqueued sent, one row written. Outside its block the
+    alias is unknown again, and a limit_task table it made is dropped, even when the block fails."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the floor writes the limit's PostgreSQL row (DATABASE_URL is not PostgreSQL)")
+    from django.tasks import TaskResultStatus, task_backends
+    from django.tasks.signals import task_enqueued
+
+    from bench import floor
+    from bench.bare_row import bare_connection
+    from bench.tasks import noop
+
+    heard = []
+
+    def receiver(sender, task_result, **kwargs):
+        heard.append((sender, task_result))
+
+    task_enqueued.connect(receiver)
+    try:
+        with bare_connection() as conn:
+            with floor.floor_task(noop, conn) as on_floor:
+                result = on_floor.enqueue((1, 2), key={"a": (3,)})
+                assert floor.rows(conn) == 1
+                assert floor.limit_calls(conn, 3) > 0 and floor.rows(conn) == 4
+            assert not _limit_table_exists()
+            with pytest.raises(ZeroDivisionError), floor.floor_task(noop, conn):
+                assert _limit_table_exists()
+                1 / 0  # noqa: B018
+            assert not _limit_table_exists()
+            with pytest.raises(Exception, match=floor.ALIAS):
+                task_backends[floor.ALIAS]
+            # A table that was there before is kept (the limit arm's own, say).
+            floor.create_schema(conn)
+            with floor.floor_task(noop, conn) as on_floor:
+                on_floor.enqueue()
+            assert _limit_table_exists() and floor.rows(conn) == 1
+            conn.execute(f"DROP TABLE {floor.TABLE}")
+    finally:
+        task_enqueued.disconnect(receiver)
+    assert result.status == TaskResultStatus.READY and result.backend == floor.ALIAS
+    assert result.args == [[1, 2]] and result.kwargs == {"key": {"a": [3]}}
+    assert result.task.func is noop.func
+    assert [(s, r.id) for s, r in heard[:1]] == [(floor.FloorBackend, result.id)] and len(heard) == 2

@@ -1,0 +1,104 @@
+"""The two lower rungs of the enqueue_bare_row cell (bench.bare_row): "limit", the limit arm's
+thin INSERT (bench.limit_sql) run on bare psycopg, and "floor", that same INSERT behind Django's
+Tasks API: `Task.enqueue()` through a backend that does only what the API itself asks of every
+backend, so no django.tasks backend can enqueue faster than "floor" on this server.
+
+What Django asks, and FloorBackend does, per call: `Task.enqueue()` looks the backend up
+(`task_backends[alias]`) and calls its `enqueue`; the backend writes its row, builds the
+`TaskResult` it must return (a frozen dataclass whose `__post_init__` normalises the arguments
+to JSON) and sends `task_enqueued` (django.tasks connects a receiver that logs at DEBUG). What it
+leaves out, that Django's own backends and ox do: `validate_task` again on each call (Django
+already validated the task once, when `using()` made it), an id of its own beyond a random
+UUID, any row of its own beyond the limit's. So "floor" / "limit" is the most any backend behind
+`Task.enqueue()` can reach of the limit, and ox / "floor" what ox reaches of that.
+
+The backend is put into `django.tasks.task_backends` under an alias of its own for the cell's
+run only (`with floor_task(...)`), so no settings module has to name it.
+"""
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.tasks import Task, task_backends
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import TaskResult, TaskResultStatus
+from django.tasks.signals import task_enqueued
+from django.utils import timezone
+
+from bench.limit_sql import INSERT, PAYLOAD, TABLE, create_schema
+
+ALIAS = "bench-floor"
+EXISTS_SQL = "SELECT to_regclass(%s) IS NOT NULL"
+
+
+class FloorBackend(BaseTaskBackend):
+    """A django.tasks backend that writes the limit's thin row on a bare psycopg connection and
+    does nothing else the API does not require."""
+
+    supports_defer = True
+    supports_async_task = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any], conn: Any) -> None:
+        super().__init__(alias, params)
+        self.conn = conn
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        self.conn.execute(INSERT, (PAYLOAD,), prepare=True)
+        result = TaskResult(
+            task=task,
+            id=str(uuid.uuid4()),
+            status=TaskResultStatus.READY,
+            enqueued_at=timezone.now(),
+            started_at=None,
+            last_attempted_at=None,
+            finished_at=None,
+            args=args,
+            kwargs=kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+
+@contextmanager
+def floor_task(task: Task, conn: Any) -> Iterator[Task]:
+    """`task` bound to a FloorBackend on `conn` (a bare autocommit psycopg connection), for the
+    block only; the limit's table is made if missing and dropped after if it was made here."""
+    made = not conn.execute(EXISTS_SQL, (TABLE,)).fetchone()[0]
+    create_schema(conn)
+    task_backends[ALIAS] = FloorBackend(ALIAS, {}, conn)
+    try:
+        yield task.using(backend=ALIAS)
+    finally:
+        del task_backends[ALIAS]
+        if made:
+            conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
+
+
+def empty(conn: Any) -> None:
+    conn.execute(f"TRUNCATE {TABLE}")
+
+
+def rows(conn: Any) -> int:
+    return int(conn.execute(f"SELECT count(*) FROM {TABLE}").fetchone()[0])  # noqa: S608
+
+
+def limit_calls(conn: Any, count: int) -> float:
+    """`count` of the limit's INSERTs, each its own autocommit transaction; seconds."""
+    started = time.perf_counter()
+    for _ in range(count):
+        conn.execute(INSERT, (PAYLOAD,), prepare=True)
+    return time.perf_counter() - started
+
+
+def floor_calls(enqueue: Callable[[], Any], count: int) -> float:
+    started = time.perf_counter()
+    for _ in range(count):
+        enqueue()
+    return time.perf_counter() - started
