@@ -20,7 +20,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
-from ox import clock, sql, upkeep
+from ox import clock, ending, sql, upkeep
 from ox.backend import OxBackend
 from ox.claims import Claims, Held
 from ox.completer import Completer
@@ -37,14 +37,11 @@ from ox.flow.watch import FlowWatch
 from ox.idle import IdleMark
 from ox.leases import Leases
 from ox.listener import Listener
-from ox.logs import event, task_fields
+from ox.logs import event
 from ox.prefetch import Prefetch
 
 logger = logging.getLogger("ox.worker")
 
-EXIT_OK = 0
-EXIT_LEFT_BEHIND = 1
-EXIT_STUCK = 3
 _WAKE = object()  # a stop request
 _NOTIFIED = object()  # the listener says tasks were enqueued
 _STARTED = object()  # a task body started: its start is written with the next heartbeat
@@ -125,10 +122,10 @@ class Worker:
     def run(self) -> int:
         self._start()
         try:
-            while not self._done():
+            while not ending.done(self):
                 self._cycle()
         finally:
-            code = self._finish()
+            code = ending.finish(self)
         return code
 
     def _start(self) -> None:
@@ -228,70 +225,6 @@ class Worker:
         self.conn = open_worker_connection(self.alias, pooled=self.options.pooled, idle_limit=idle)
         if self.lock_key:
             sql.hold_worker_lock(self.conn, self.lock_key)
-
-    def _done(self) -> bool:
-        busy = bool(self.held or self.completer or self.to_hand_back)
-        if self.stopping:
-            return not busy or time.monotonic() >= (self.stop_deadline or 0)
-        if self.stuck:
-            return not self.completer and all(h.interrupted_at for h in self.held.values())
-        if self.settings.max_tasks is not None and self.claimed_total >= self.settings.max_tasks and not busy:
-            return True
-        if self.settings.batch and not busy and not self.more_waiting:
-            # ...and the last claim came after the retries this worker scheduled were due,
-            # and nothing is due (tasks given back, say, are claimed first).
-            if self.last_claim_at < self.completer.retry_due:
-                return False
-            if self._due_waiting():
-                self.more_waiting = True
-                return False
-            # Due tasks a limit holds back (another worker runs the queue's slots): wait for
-            # them at the poll, without claiming in a loop.
-            return not self._due_waiting(held_back=True)
-        return False
-
-    def _due_waiting(self, held_back: bool = False) -> bool:
-        """Whether due tasks wait in the queues no limit holds back (held_back: in those a
-        limit holds back)."""
-        blocked = self.flow.blocked
-        queues = [q for q in self.settings.queues if (q in blocked) == held_back]
-        if not queues:
-            return False
-        try:
-            earliest = sql.earliest_ready(self.conn, queues, gate=True)
-        except DatabaseError:
-            return True  # cannot tell: carry on (the loop reconnects)
-        return earliest is not None and earliest <= clock.db_now(self.conn)
-
-    def _finish(self) -> int:
-        try:
-            self._guard(self._hand_back)
-            self._guard(lambda: self.completer.flush(self.conn))
-            self.slots.give_back_all(self.conn)
-            sql.worker_stopped(self.conn, self.id, clock.db_now(self.conn))
-        except (DatabaseError, AttributeError) as exc:
-            event(logger, logging.ERROR, f"worker could not record its stop: {exc}", worker=self.id)
-        left = [h.claimed for h in self.held.values()]
-        for part in (self.sync, self.aio, self.listener, *(duty for duty, _next in self.duties)):
-            if part is not None:
-                part.stop()
-        self.completer.signals.stop(timeout=5.0)
-        for claimed in left:
-            message = "worker left a task running; the rescuer will take it back"
-            event(logger, logging.WARNING, message, **task_fields(claimed), worker=self.id)
-        if self.conn is not None:
-            self.conn.close()
-        code = EXIT_STUCK if self.stuck else EXIT_LEFT_BEHIND if left else EXIT_OK
-        event(
-            logger,
-            logging.INFO,
-            "worker stopped",
-            claimed=self.claimed_total,
-            claims=self.claim_rounds,
-            exit_code=code,
-            worker=self.id,
-        )
-        return code
 
     # ---------------------------------------------------------------- the loop
     def _cycle(self) -> None:

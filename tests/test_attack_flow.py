@@ -30,7 +30,7 @@ def claims_of(worker) -> int:
 def test_batch_worker_does_not_spin_while_a_rate_holds_its_queue_back(start_worker):
     """Promise: tasks waiting only for a limit are not hammered; a rate-held worker sleeps
     until the next token. Broken: `runworker --batch` on a rate-limited queue. After the
-    first start the rest are due but held by the rate; Worker._done() asks earliest_ready
+    first start the rest are due but held by the rate; ox.ending.done() asks earliest_ready
     (which ignores limits), sees due tasks, sets more_waiting, and the loop claims again at
     once, over and over, until the next token: thousands of claims for 3 starts."""
     enqueue_many(f.rated, [((f"b{i}",), {}) for i in range(3)])

@@ -418,7 +418,7 @@ def test_a_claim_that_fills_the_queue_reads_no_further(monkeypatch):
 def test_a_batch_worker_does_not_spin_on_a_task_the_gate_never_offers(start_worker):
     """Promise: "runworker --batch waits for due tasks a limit holds back instead of exiting,
     claiming once a poll interval" (no busy claim loop). Broken, with the hidden unlimited
-    task above: _due_waiting looks at the queues no limit holds back ("other"), finds its
+    task above: ox.ending.due_waiting looks at the queues no limit holds back ("other"), finds its
     task due and sets more_waiting; the claim (through the gate) never sees it behind the
     full key's window, and the loop claims again at once: back-to-back gate claims, each
     reading 1,000 candidates and walking the keys, for as long as the backlog lasts."""

@@ -9,9 +9,9 @@ import pytest
 from django.db import connection
 
 from bench.arms import ARM_NAMES
+from bench.bare_row import RATIOS
 from bench.ci import ci_plan
 from bench.plan import build
-from bench.bare_row import RATIOS
 from bench.plan_bare_row import CELL
 
 
@@ -46,7 +46,8 @@ def test_the_plan_has_the_cell_for_ox_and_every_other_arm_says_why():
         for arm, why in cell.cannot_run.items():
             assert why.startswith("cannot run: ") and "ox's own row" in why, (arm, why)
         # The settings are in the text a reader sees.
-        for said in ("autocommit", "prepare=True", "chunks of 100", f"{rounds} rounds", "same INSERT", "uuid7", "limit_task", "Django's Tasks API"):
+        said_all = ("autocommit", "prepare=True", "chunks of 100", f"{rounds} rounds", "same INSERT", "uuid7")
+        for said in (*said_all, "limit_task", "Django's Tasks API"):
             assert said in cell.about, (mode, said)
     assert CELL not in {c.name for c in ci_plan()}  # not in the CI subset
 
@@ -55,13 +56,12 @@ def test_the_plan_has_the_cell_for_ox_and_every_other_arm_says_why():
 def test_the_job_for_real_on_postgresql():
     if connection.vendor != "postgresql":
         pytest.skip("enqueue_bare_row runs ox's prepared INSERT: PostgreSQL only (DATABASE_URL is not PostgreSQL)")
-    from bench import jobs
-    from bench.arms.ox import OxArm
-    from ox.models import Task
-
     from django.tasks import task_backends
 
+    from bench import jobs
+    from bench.arms.ox import OxArm
     from bench.floor import ALIAS
+    from ox.models import Task
 
     assert not _limit_table_exists()
     result = jobs.enqueue_seq(OxArm(), {"n": 25, "chunk": 10, "rounds": 2, "bare_row": True})
