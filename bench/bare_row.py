@@ -9,8 +9,8 @@ same table, indexes and NOTIFY trigger, the same work per row, no Django and no 
 bare call gets what ox gives each call anew (a uuid7 id, now for its timestamps), so no key clashes.
 "limit" is the limit arm's thin INSERT on that bare connection, and "floor" the same INSERT behind
 Django's Tasks API with nothing else (bench.floor): the most any django.tasks backend can reach.
-The kinds alternate in chunks, the order reversed per chunk and per round, so the machine's noise
-of the moment falls on all alike (as bench.flow.compare_enqueue does); the ratios are per round.
+The kinds alternate in chunks, their order rotated by one per chunk and per round, so the machine's
+noise of the moment falls on all alike (as bench.flow.compare_enqueue does); the ratios are per round.
 """
 
 import re
@@ -165,7 +165,7 @@ def compare(arm: Arm, p: Params) -> Result:
     row = capture(noop.enqueue)
     notes: list[str] = []
     samples: dict[str, list[float]] = {kind: [] for kind in KINDS}
-    counted: dict[str, list[int]] = {"ox_task": [], "limit_task": []}
+    counted: dict[str, list[int]] = {"ox_task": [], floor.TABLE: []}
     with bare_connection() as bare, floor.floor_task(noop, bare) as on_floor:
         bare_calls(bare, row, 1)
         floor.limit_calls(bare, 1)
@@ -190,13 +190,16 @@ def compare(arm: Arm, p: Params) -> Result:
                 run[kind](1)
             spent = dict.fromkeys(KINDS, 0.0)
             for c in range(calls // chunk):
-                order = KINDS if (r + c) % 2 == 0 else KINDS[::-1]
+                # Rotated, not reversed: reversing would run the first and last kinds' chunks
+                # back to back at every boundary; rotated, no kind ever follows itself.
+                turn = (r + c) % len(KINDS)
+                order = KINDS[turn:] + KINDS[:turn]
                 for kind in order:
                     spent[kind] += run[kind](chunk)
             for kind in KINDS:
                 samples[kind].append(calls / spent[kind])
             # Two kinds write each table: their calls and one warm-up each.
-            for table, found in (("ox_task", arm.model.objects.count()), ("limit_task", floor.rows(bare))):
+            for table, found in (("ox_task", arm.model.objects.count()), (floor.TABLE, floor.rows(bare))):
                 counted[table].append(found)
                 if found != 2 * calls + 2:
                     notes.append(
@@ -212,11 +215,11 @@ def compare(arm: Arm, p: Params) -> Result:
             "rounds": rounds,
             "calls_per_kind_and_round": calls,
             "order": "per round emptied tables and one uncounted call of each kind; chunks alternating,"
-            " the order turning per chunk and round",
+            " the order of the kinds rotated by one per chunk and per round",
             "captured": row.describe(),
             "prepared": is_prepared,
             "rows": counted["ox_task"],
-            "limit_rows": counted["limit_task"],
+            "limit_rows": counted[floor.TABLE],
             "spread": {
                 **{f"throughput_{kind}": spread(samples[kind]) for kind in KINDS},
                 **{f"{a}/{b}": spread(ratios[key]) for key, (a, b) in RATIOS.items()},

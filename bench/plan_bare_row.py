@@ -40,14 +40,15 @@ def bare_row_cell(quick: bool) -> Cell:
         " same index entries and NOTIFY trigger), its SQL text and parameters captured from one real"
         " noop.enqueue(), run with psycopg's prepare=True on a separate autocommit psycopg connection, a new"
         " uuid7 id and enqueued_at/run_after = now per call; both prepared (ox prepares its INSERT on"
-        " PostgreSQL); limit: the limit arm's thin INSERT (bench.limit_sql, into limit_task in the same"
-        " database) on that bare connection, prepared; floor: that same INSERT behind Django's Tasks API"
-        " (Task.enqueue() through a backend doing only what the API requires: the row, the TaskResult,"
-        " task_enqueued; bench.floor), the most any django.tasks backend can reach;"
-        f" interleaved in chunks of {chunk}, the order of the four kinds reversed per chunk and per round;"
+        " PostgreSQL); limit: the limit arm's thin INSERT (bench.limit_sql's table and index as"
+        " bench_floor_task, made for the cell in the same database) on that bare connection, prepared; floor:"
+        " that same INSERT behind Django's Tasks API (Task.enqueue() through a backend doing only what the API"
+        " requires: the row, the TaskResult, task_enqueued; bench.floor), the most a django.tasks backend"
+        " writing one durable row per enqueue in autocommit can reach;"
+        f" interleaved in chunks of {chunk}, the order of the four kinds rotated by one per chunk and per round;"
         f" {rounds} rounds, the tables emptied and one uncounted call of each kind before each;"
         " ratios per round (ox/bare 1.0: ox's Python costs nothing beyond psycopg's; floor/limit: the"
-        " share of the limit Django's API leaves any backend)",
+        " share of the limit Django's API leaves such a backend)",
         METRICS,
         {"n": n, "chunk": chunk, "rounds": rounds, "bare_row": True},
         arms=("ox",),

@@ -15,9 +15,9 @@ from bench.plan import build
 from bench.plan_bare_row import CELL
 
 
-def _limit_table_exists() -> bool:
+def _table_exists(name: str = "bench_floor_task") -> bool:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT to_regclass('limit_task') IS NOT NULL")
+        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [name])
         return bool(cursor.fetchone()[0])
 
 
@@ -47,7 +47,7 @@ def test_the_plan_has_the_cell_for_ox_and_every_other_arm_says_why():
             assert why.startswith("cannot run: ") and "ox's own row" in why, (arm, why)
         # The settings are in the text a reader sees.
         said_all = ("autocommit", "prepare=True", "chunks of 100", f"{rounds} rounds", "same INSERT", "uuid7")
-        for said in (*said_all, "limit_task", "Django's Tasks API"):
+        for said in (*said_all, "bench_floor_task", "Django's Tasks API", "rotated by one per chunk"):
             assert said in cell.about, (mode, said)
     assert CELL not in {c.name for c in ci_plan()}  # not in the CI subset
 
@@ -63,7 +63,7 @@ def test_the_job_for_real_on_postgresql():
     from bench.floor import ALIAS
     from ox.models import Task
 
-    assert not _limit_table_exists()
+    assert not _table_exists()
     result = jobs.enqueue_seq(OxArm(), {"n": 25, "chunk": 10, "rounds": 2, "bare_row": True})
     json.dumps(result)  # the agent prints it as JSON
     info = result["info"]
@@ -80,8 +80,8 @@ def test_the_job_for_real_on_postgresql():
     # Each round: two kinds' calls and one warm-up of each in each table.
     assert info["rows"] == [2 * calls + 2] * 2 and info["limit_rows"] == [2 * calls + 2] * 2
     assert info["notes"] == []
-    # The limit's table was made for the cell and is gone, as is the floor's backend.
-    assert not _limit_table_exists()
+    # The cell's table was made for it and is gone, as is the floor's backend.
+    assert not _table_exists()
     with pytest.raises(Exception, match=ALIAS):
         task_backends[ALIAS]
     rows = Task.objects.filter(task_path="bench.tasks.noop", status="READY")
@@ -107,13 +107,15 @@ def test_the_capture_wants_exactly_one_insert_into_ox_task():
 def test_the_floor_backend_keeps_django_s_contract_and_leaves_nothing_behind():
     """The floor stands for what every django.tasks backend must do: a TaskResult back (READY,
     its arguments normalised to JSON), task_enqueued sent, one row written. Outside its block the
-    alias is unknown again, and a limit_task table it made is dropped, even when the block fails."""
+    alias is unknown again and the cell's table is gone, even when the block fails; a table a
+    killed run left is dropped first; the limit arm's own limit_task is never touched."""
     if connection.vendor != "postgresql":
         pytest.skip("the floor writes the limit's PostgreSQL row (DATABASE_URL is not PostgreSQL)")
     from django.tasks import TaskResultStatus, task_backends
     from django.tasks.signals import task_enqueued
+    from django.test import override_settings
 
-    from bench import floor
+    from bench import floor, limit_sql
     from bench.bare_row import bare_connection
     from bench.tasks import noop
 
@@ -125,26 +127,45 @@ def test_the_floor_backend_keeps_django_s_contract_and_leaves_nothing_behind():
     task_enqueued.connect(receiver)
     try:
         with bare_connection() as conn:
+            # A limit arm's table in the same database, and a stale table a killed run left.
+            limit_sql.create_schema(conn)
+            conn.execute(limit_sql.INSERT, (limit_sql.PAYLOAD,))
+            conn.execute(f"CREATE TABLE {floor.TABLE} (stale int)")
             with floor.floor_task(noop, conn) as on_floor:
                 result = on_floor.enqueue((1, 2), key={"a": (3,)})
                 assert floor.rows(conn) == 1
                 assert floor.limit_calls(conn, 3) > 0 and floor.rows(conn) == 4
-            assert not _limit_table_exists()
+                floor.empty(conn)
+                assert floor.rows(conn) == 0
+            assert not _table_exists()
+            assert conn.execute("SELECT count(*) FROM limit_task").fetchone()[0] == 1
             with pytest.raises(ZeroDivisionError), floor.floor_task(noop, conn):
-                assert _limit_table_exists()
+                assert _table_exists()
                 1 / 0  # noqa: B018
-            assert not _limit_table_exists()
+            assert not _table_exists()
             with pytest.raises(Exception, match=floor.ALIAS):
                 task_backends[floor.ALIAS]
-            # A table that was there before is kept (the limit arm's own, say).
-            floor.create_schema(conn)
-            with floor.floor_task(noop, conn) as on_floor:
-                on_floor.enqueue()
-            assert _limit_table_exists() and floor.rows(conn) == 1
-            conn.execute(f"DROP TABLE {floor.TABLE}")
+            # Settings changed inside the block forget the alias: the table still goes.
+            with (
+                floor.floor_task(noop, conn),
+                override_settings(TASKS={"default": {"BACKEND": "ox.backend.OxBackend"}}),
+            ):
+                pass
+            assert not _table_exists()
+            conn.execute("DROP TABLE limit_task")
+        # A connection lost inside the block: its error, not the cleanup's, comes out.
+        with bare_connection() as conn:
+            with pytest.raises(ValueError, match="the block's own"), floor.floor_task(noop, conn):
+                conn.close()
+                raise ValueError("the block's own")
     finally:
         task_enqueued.disconnect(receiver)
+    # The lost connection could not drop the table; the next run's block drops it first.
+    assert _table_exists()
+    with bare_connection() as conn, floor.floor_task(noop, conn):
+        pass
+    assert not _table_exists()
     assert result.status == TaskResultStatus.READY and result.backend == floor.ALIAS
     assert result.args == [[1, 2]] and result.kwargs == {"key": {"a": [3]}}
     assert result.task.func is noop.func
-    assert [(s, r.id) for s, r in heard[:1]] == [(floor.FloorBackend, result.id)] and len(heard) == 2
+    assert [(s, r.id) for s, r in heard[:1]] == [(floor.FloorBackend, result.id)] and len(heard) == 1
