@@ -50,7 +50,14 @@ class Check:
     detail: str
 
 
-def thirds(values: list[float]) -> tuple[list[float], list[float]]:
+def third_rate(windows: list[Window], lengths: dict[int, float]) -> float:
+    """Tasks drained per second over the windows taken together (`lengths`: each window's
+    seconds, by index)."""
+    seconds = sum(lengths[w.index] for w in windows)
+    return sum(w.drained for w in windows) / seconds if seconds else 0.0
+
+
+def thirds[T](values: list[T]) -> tuple[list[T], list[T]]:
     """The first and last third of the compared windows (at least 2 each when there are 4+)."""
     k = max(2, len(values) // 3) if len(values) >= 4 else 1
     return values[:k], values[-k:]
@@ -99,15 +106,27 @@ def checks(r: SoakResult) -> list[Check]:
         return [Check("windows", False, f"only {len(compared)} windows after warm-up: run longer")]
 
     rates = [w.rate for w in compared]
-    first, last = thirds(rates)
-    a, b = statistics.median(first), statistics.median(last)
+    first_w, last_w = thirds(compared)
+    # Each window's own seconds: `seconds` counts from the producers' start to its end.
+    starts = [0.0, *(w.seconds for w in r.windows[:-1])]
+    lengths = {w.index: w.seconds - start for w, start in zip(r.windows, starts, strict=True)}
+    a, b = third_rate(first_w, lengths), third_rate(last_w, lengths)
     ratio = b / a if a else 0.0
+    # A stall of the whole machine slows the producers as much as the worker, and both catch up
+    # after it: a third's rate is its summed drain over its summed time (one slow window and the
+    # catch-up after it cancel out, where a median of three kept the slow one). A last third that
+    # drained what was enqueued in it kept up, whatever the producers managed: the worker falling
+    # behind (what a slowing claim or table would do) shows as work left over.
+    enqueued, drained = sum(w.enqueued for w in last_w), sum(w.drained for w in last_w)
+    kept_up = enqueued > 0 and drained >= (1 - THROUGHPUT_TOLERANCE) * enqueued
     out.append(
         Check(
             "throughput",
-            abs(ratio - 1) <= THROUGHPUT_TOLERANCE and a >= 0.8 * r.rate,
-            f"median drain rate first third {a:,.0f}/s, last third {b:,.0f}/s (ratio {ratio:.2f}, allowed "
-            f"1 ± {THROUGHPUT_TOLERANCE}); target {r.rate:,.0f}/s; per window {[round(x) for x in rates]}",
+            a >= 0.8 * r.rate and (abs(ratio - 1) <= THROUGHPUT_TOLERANCE or kept_up),
+            f"drain rate first third {a:,.0f}/s, last third {b:,.0f}/s (ratio {ratio:.2f}, allowed "
+            f"1 ± {THROUGHPUT_TOLERANCE}, or the last third drained at least {1 - THROUGHPUT_TOLERANCE:.0%} of"
+            f" what it enqueued: {drained:,} of {enqueued:,}); target {r.rate:,.0f}/s; per window"
+            f" {[round(x) for x in rates]}",
         )
     )
 
