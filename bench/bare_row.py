@@ -8,7 +8,8 @@ connection of its own with `prepare=True`, as ox runs it (ox.db.postgresql.prepa
 same table, indexes and NOTIFY trigger, the same work per row, no Django and no ox in between. Each
 bare call gets what ox gives each call anew (a uuid7 id, now for its timestamps), so no key clashes.
 "limit" is the limit arm's thin INSERT on that bare connection, and "floor" the same INSERT behind
-Django's Tasks API with nothing else (bench.floor): the most any django.tasks backend can reach.
+Django's Tasks API with nothing else (bench.floor): the most a django.tasks backend writing one
+durable row per enqueue in autocommit can reach.
 The kinds alternate in chunks, their order rotated by one per chunk and per round, so the machine's
 noise of the moment falls on all alike (as bench.flow.compare_enqueue does); the ratios are per round.
 """
