@@ -117,10 +117,11 @@ def bare_calls(conn: Any, row: Captured, count: int) -> float:
     return time.perf_counter() - started
 
 
-def ox_calls(count: int) -> float:
+def enqueue_calls(enqueue: Callable[[], Any], count: int) -> float:
+    """`count` calls of `enqueue` (ox's noop.enqueue, or the floor's); seconds."""
     started = time.perf_counter()
     for _ in range(count):
-        noop.enqueue()
+        enqueue()
     return time.perf_counter() - started
 
 
@@ -177,9 +178,9 @@ def compare(arm: Arm, p: Params) -> Result:
         if not all(is_prepared.values()):
             raise RuntimeError(f"enqueue_bare_row: ox's INSERT is not prepared in every session: {is_prepared}")
         run = {
-            "ox": ox_calls,
+            "ox": lambda count: enqueue_calls(noop.enqueue, count),
             "bare": lambda count: bare_calls(bare, row, count),
-            "floor": lambda count: floor.floor_calls(on_floor.enqueue, count),
+            "floor": lambda count: enqueue_calls(on_floor.enqueue, count),
             "limit": lambda count: floor.limit_calls(bare, count),
         }
         for r in range(rounds):

@@ -23,7 +23,7 @@ block and dropped after it), so a limit arm's table in the same database is neve
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -114,11 +114,4 @@ def limit_calls(conn: Any, count: int) -> float:
     started = time.perf_counter()
     for _ in range(count):
         conn.execute(INSERT, (PAYLOAD,), prepare=True)
-    return time.perf_counter() - started
-
-
-def floor_calls(enqueue: Callable[[], Any], count: int) -> float:
-    started = time.perf_counter()
-    for _ in range(count):
-        enqueue()
     return time.perf_counter() - started
