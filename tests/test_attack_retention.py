@@ -180,7 +180,10 @@ def test_a_live_worker_paused_past_prune_workers_keeps_its_row(start_worker):
     such lock (a pause there looks like death)."""
     if connection.vendor == "sqlite":
         pytest.skip("no liveness lock on SQLite: a long-paused worker is a vanished one")
-    proc = start_worker("--queues", "default")
+    # The worker's own pruner keeps worker rows here: with the default PRUNE_WORKERS it could
+    # take the stale row first (a CI run saw it: 0 pruned), and the count below would not say
+    # which rows this prune judged.
+    proc = start_worker("--queues", "default", env={"OX_TEST_OPTIONS": json.dumps({"PRUNE_WORKERS": None})})
     row = wait_until(lambda: Worker.objects.filter(pid=proc.pid).first(), timeout=30)
     worker(8 * DAY, 8 * DAY, "stopped-long-ago")
     pruned = None
