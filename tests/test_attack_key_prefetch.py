@@ -10,7 +10,7 @@ from django.db import connection
 
 import ox
 from ox import enqueue_many
-from ox.models import Status, Task
+from ox.models import Status, Task, Worker
 from tests import flow_tasks as f
 from tests import flow_tasks_attack2 as a
 from tests.helpers import wait_until
@@ -278,8 +278,9 @@ def test_cancel_of_a_task_claimed_ahead_frees_its_key(start_worker):
     wait_until(lambda: Span.objects.filter(key="L").exists(), timeout=30)
     assert running_here([x.id for x in r])
     k1 = f.per_account.enqueue("k-1", 0.0, account="k")
-    start_worker("--queues", "emails", "--concurrency", "2", env=env)
-    time.sleep(1.0)  # B is up (it cannot take k-1: k-0 holds key k)
+    b = start_worker("--queues", "emails", "--concurrency", "2", env=env)
+    # B is up (it cannot take k-1: k-0 holds key k): its boot is not part of what is timed.
+    wait_until(lambda: Worker.objects.filter(pid=b.pid).exists(), timeout=30)
     ox.cancel([r[1].id])
     t0 = time.monotonic()
     wait_until(lambda: Task.objects.get(pk=r[1].id).status == Status.CANCELLED, timeout=15)
@@ -329,18 +330,19 @@ def test_a_timed_out_task_claimed_ahead_frees_its_key(start_worker):
 
 
 def test_sigterm_hands_back_keyed_tasks_claimed_ahead(start_worker):
-    """A worker of 1 thread holds 10 keyed tasks claimed ahead behind a 2 s task when it
+    """A worker of 1 thread holds 10 keyed tasks claimed ahead behind a long task when it
     gets SIGTERM: they go back READY unstarted (no attempt spent) and another worker runs
     each once; their keys are free."""
     env = env_for({"key_concurrency": 1})
-    long = f.per_account.enqueue("L", 5.0, account="x")
+    # L outlasts B's boot (seconds on a busy machine) and the hand-over after it.
+    long = f.per_account.enqueue("L", 12.0, account="x")
     time.sleep(0.01)
     rest = enqueue_many(f.per_account, [((f"s{i}", 0.0), {"account": f"s{i % 5}"}) for i in range(10)])
     first = start_worker("--queues", "emails", "--concurrency", "1", env=env)
     wait_until(lambda: Span.objects.filter(key="L").exists(), timeout=30)
     wait_until(lambda: Task.objects.filter(status=Status.RUNNING).count() == 6, timeout=10)  # L + 5 keys
-    start_worker("--queues", "emails", "--concurrency", "2", env=env)
-    time.sleep(1.0)
+    b = start_worker("--queues", "emails", "--concurrency", "2", env=env)
+    wait_until(lambda: Worker.objects.filter(pid=b.pid).exists(), timeout=30)
     first.signal(signal.SIGTERM)
     # Handed back at the stop, not at the exit: the other worker runs them while L finishes.
     wait_until(

@@ -11,7 +11,7 @@ from django.db import connection
 
 from ox import enqueue_many
 from ox.flow.queues import pause, resume, set_limits
-from ox.models import Slot, Status, Task
+from ox.models import Slot, Status, Task, Worker
 from tests import flow_tasks as f
 from tests.helpers import wait_until
 from tests.test_flow_limits import drained, limits, most_at_once
@@ -134,7 +134,9 @@ def test_a_worker_busy_with_another_queue_keeps_the_slot_from_an_idle_worker(sta
     fa.long_default.enqueue("long", 8.0)
     wait_until(lambda: Span.objects.filter(key="long").exists(), timeout=30)
     b = start_worker("--concurrency", "2", "--queues", "emails", env=env)
-    time.sleep(2.0)  # B up and polling
+    # B up and polling: its boot (seconds on a busy machine) is not part of what is timed.
+    wait_until(lambda: Worker.objects.filter(pid=b.pid).exists(), timeout=30)
+    time.sleep(0.5)
     enqueued = time.time()
     enqueue_many(f.limited, [((f"e{i}", 0.05), {}) for i in range(3)])
     drained(timeout=60)
@@ -204,7 +206,8 @@ def test_a_worker_busy_with_an_unlimited_backlog_hoards_the_slots_from_an_idle_w
     a = start_worker("--concurrency", "2", "--queues", "default,emails", env=env)
     wait_until(lambda: Span.objects.count() >= 4, timeout=30)
     b = start_worker("--concurrency", "2", "--queues", "emails", env=env)
-    time.sleep(1.0)  # B up and polling
+    wait_until(lambda: Worker.objects.filter(pid=b.pid).exists(), timeout=30)  # B up and polling
+    time.sleep(0.5)
     # No emails task exists at all: A should hold no emails slot. Sample for 2 s.
     samples = []
     for _ in range(20):
@@ -244,7 +247,8 @@ def test_a_killed_slot_holder_frees_its_slot_in_time(start_worker):
     a = start_worker("--concurrency", "2", "--queues", "emails", env=env)
     wait_until(lambda: Span.objects.filter(key="t0").exists(), timeout=30)
     b = start_worker("--concurrency", "2", "--queues", "emails", env=env)
-    time.sleep(1.0)
+    # B is up before the kill: its start-up (seconds on a busy machine) is not what is timed.
+    wait_until(lambda: Worker.objects.filter(pid=b.pid).exists(), timeout=30)
     a.signal(signal.SIGKILL)
     killed = time.time()
     wait_until(lambda: Span.objects.filter(pid=b.pid).exists(), timeout=20)

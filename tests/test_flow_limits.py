@@ -225,15 +225,20 @@ def test_a_batch_worker_waits_for_a_held_back_queue_without_spinning(start_worke
 
 
 @pytest.mark.skipif("connection.vendor != 'postgresql'")
-def test_a_held_back_worker_is_not_woken_by_every_enqueue(start_worker):
+def test_a_held_back_worker_is_not_woken_by_every_enqueue(start_worker, tmp_path):
     """The queue's one slot is another worker's: the waiting worker unmarks itself (ox.idle),
     so 100 enqueues one by one notify no one and it makes about one claim a poll interval."""
     from ox.models import Worker
+    from tests import gated_tasks
+    from tests.testapp.models import Ledger
 
-    f.limited.enqueue("holder", 6.0)
+    # Held until the end: a task of fixed length could free the slot while the waiting worker
+    # boots and the enqueues run on a busy machine, and every enqueue after would wake it.
+    gate = tmp_path / "gate"
+    gated_tasks.hold.using(queue_name="emails").enqueue("holder", str(gate))
     env = limits(emails={"concurrency": 1})
     holder = start_worker("--queues", "emails", "--max-tasks", "1", env=env)
-    wait_until(lambda: Span.objects.filter(key="holder").exists(), timeout=30)
+    wait_until(lambda: Ledger.objects.filter(key="holder").exists(), timeout=30)
     f.limited.enqueue("first", 0.01)
     waiting = start_worker("--queues", "emails", env=env)
     wait_until(lambda: Worker.objects.filter(pid=waiting.pid).exists(), timeout=30)
@@ -245,6 +250,7 @@ def test_a_held_back_worker_is_not_woken_by_every_enqueue(start_worker):
     waiting.signal(signal.SIGTERM)
     waiting.wait(timeout=30)
     claims = int(re.search(r"worker stopped .*?claims=(\d+)", waiting.output()).group(1))
+    gate.touch()
     assert claims < 15, claims  # one a poll interval (1 s) and a few at start, not one per enqueue
     holder.wait(timeout=30)
 

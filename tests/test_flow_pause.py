@@ -11,7 +11,7 @@ from django.db import connection
 from ox import enqueue_many
 from ox.flow import queues
 from ox.flow.waiting import queue_flows, why_waiting
-from ox.models import QueueState, Status, Task
+from ox.models import QueueState, Status, Task, Worker
 from tests import flow_tasks as f
 from tests.helpers import wait_until
 from tests.test_durability import options
@@ -43,7 +43,10 @@ def test_pause_stops_claims_at_once_running_tasks_finish_and_resume_restarts(sta
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0
     again = start_worker("--queues", "emails", "--concurrency", "2", env=options(heartbeat=0.5))
-    time.sleep(2.0)
+    # Up: its boot (seconds on a busy machine) is neither taken for a pause that holds nor
+    # timed in the resume below.
+    wait_until(lambda: Worker.objects.filter(pid=again.pid).exists(), timeout=30)
+    time.sleep(1.0)
     assert Task.objects.filter(status=Status.READY).count() == waiting
 
     queues.resume("emails")

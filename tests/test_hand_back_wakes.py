@@ -11,7 +11,7 @@ from django.db import connection
 
 from ox.db import driver
 from ox.models import Status, Task, Worker
-from tests import tasks
+from tests import gated_tasks, tasks
 from tests.helpers import wait_until
 from tests.test_notify_idle import options
 
@@ -21,10 +21,13 @@ pytestmark = [
 ]
 
 
-def test_what_a_stopping_worker_gives_back_starts_at_once_on_an_idle_one(start_worker):
+def test_what_a_stopping_worker_gives_back_starts_at_once_on_an_idle_one(start_worker, tmp_path):
     a = start_worker("--concurrency", "1", env=options(poll_interval=30, prefetch_window=None))
     wait_until(lambda: Worker.objects.filter(pid=a.pid, idle_since__isnull=False).exists(), timeout=30)
-    long = tasks.sleep_for.enqueue(3.0)
+    # Held until the end: a task of fixed length could end while b boots on a busy machine,
+    # and a would then run the one it claimed ahead itself.
+    gate = tmp_path / "gate"
+    long = gated_tasks.hold.enqueue("long", str(gate))
     ahead = tasks.echo.enqueue("claimed ahead")
     wait_until(lambda: Task.objects.get(pk=long.id).status == Status.RUNNING, timeout=10)
     wait_until(lambda: Task.objects.get(pk=ahead.id).status == Status.RUNNING, timeout=10)  # claimed ahead by a
@@ -35,6 +38,7 @@ def test_what_a_stopping_worker_gives_back_starts_at_once_on_an_idle_one(start_w
     a.signal(signal.SIGTERM)
     wait_until(lambda: Task.objects.get(pk=ahead.id).status == Status.SUCCESSFUL, timeout=25)
     took = time.monotonic() - stopped
+    gate.touch()
     row = Task.objects.get(pk=ahead.id)
     assert row.worker_id == Worker.objects.get(pid=b.pid, stopped_at__isnull=True).id
     assert took < 5, f"given back, it started {took:.1f} s later: at b's poll (30 s), not at once"

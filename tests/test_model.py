@@ -98,6 +98,9 @@ WORKER_OPTIONS = {
     "RESCUE_INTERVAL": RESCUE_INTERVAL,
     "SHUTDOWN_GRACE": SHUTDOWN_GRACE,
     "MAX_LOST": MAX_LOST,
+    # The model reads ox_task alone: a long run (OX_MODEL_STEPS) must not see finished tasks
+    # moved to the archive 5 minutes on.
+    "ARCHIVE_AFTER": None,
 }
 CONCURRENCY = 2
 WORKER_ARGS = ["--concurrency", str(CONCURRENCY), "--interval", "0.2"]
