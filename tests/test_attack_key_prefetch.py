@@ -13,10 +13,11 @@ from ox import enqueue_many
 from ox.models import Status, Task, Worker
 from tests import flow_tasks as f
 from tests import flow_tasks_attack2 as a
+from tests import gated_tasks
 from tests.helpers import wait_until
 from tests.test_durability import options
 from tests.test_flow_limits import drained, most_at_once
-from tests.testapp.models import Span
+from tests.testapp.models import Ledger, Span
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -273,7 +274,8 @@ def test_cancel_of_a_task_claimed_ahead_frees_its_key(start_worker):
     a few heartbeats and its key is free, so worker B runs k-1 while the long task runs
     (nothing stuck RUNNING on a cancelled task)."""
     env = env_for({"key_concurrency": 1})
-    r = enqueue_many(f.per_account, [(("L", 8.0), {"account": "x"}), (("k-0", 0.0), {"account": "k"})])
+    # L runs past the end of the test (A is killed at teardown): B's boot cannot outlast it.
+    r = enqueue_many(f.per_account, [(("L", 60.0), {"account": "x"}), (("k-0", 0.0), {"account": "k"})])
     start_worker("--queues", "emails", "--concurrency", "1", "--max-tasks", "2", env=env)
     wait_until(lambda: Span.objects.filter(key="L").exists(), timeout=30)
     assert running_here([x.id for x in r])
@@ -281,6 +283,7 @@ def test_cancel_of_a_task_claimed_ahead_frees_its_key(start_worker):
     b = start_worker("--queues", "emails", "--concurrency", "2", env=env)
     # B is up (it cannot take k-1: k-0 holds key k): its boot is not part of what is timed.
     wait_until(lambda: Worker.objects.filter(pid=b.pid).exists(), timeout=30)
+    assert running_here([x.id for x in r])  # still: k-0 is claimed ahead behind L
     ox.cancel([r[1].id])
     t0 = time.monotonic()
     wait_until(lambda: Task.objects.get(pk=r[1].id).status == Status.CANCELLED, timeout=15)
@@ -329,17 +332,19 @@ def test_a_timed_out_task_claimed_ahead_frees_its_key(start_worker):
 # --------------------------------------------------------------------------- shutdown and kill
 
 
-def test_sigterm_hands_back_keyed_tasks_claimed_ahead(start_worker):
+def test_sigterm_hands_back_keyed_tasks_claimed_ahead(start_worker, tmp_path):
     """A worker of 1 thread holds 10 keyed tasks claimed ahead behind a long task when it
     gets SIGTERM: they go back READY unstarted (no attempt spent) and another worker runs
     each once; their keys are free."""
     env = env_for({"key_concurrency": 1})
-    # L outlasts B's boot (seconds on a busy machine) and the hand-over after it.
-    long = f.per_account.enqueue("L", 12.0, account="x")
+    # L is held until the hand-over is checked: a task of fixed length could end while B
+    # boots on a busy machine.
+    gate = tmp_path / "gate"
+    long = gated_tasks.hold.using(queue_name="emails").enqueue("L", str(gate))
     time.sleep(0.01)
     rest = enqueue_many(f.per_account, [((f"s{i}", 0.0), {"account": f"s{i % 5}"}) for i in range(10)])
     first = start_worker("--queues", "emails", "--concurrency", "1", env=env)
-    wait_until(lambda: Span.objects.filter(key="L").exists(), timeout=30)
+    wait_until(lambda: Ledger.objects.filter(key="L").exists(), timeout=30)
     wait_until(lambda: Task.objects.filter(status=Status.RUNNING).count() == 6, timeout=10)  # L + 5 keys
     b = start_worker("--queues", "emails", "--concurrency", "2", env=env)
     wait_until(lambda: Worker.objects.filter(pid=b.pid).exists(), timeout=30)
@@ -349,6 +354,7 @@ def test_sigterm_hands_back_keyed_tasks_claimed_ahead(start_worker):
         lambda: Task.objects.filter(pk__in=[r.id for r in rest], status=Status.SUCCESSFUL).count() == 10, timeout=10
     )
     assert Task.objects.get(pk=long.id).status == Status.RUNNING
+    gate.touch()
     assert first.wait(timeout=30) == 0
     assert Task.objects.get(pk=long.id).status == Status.SUCCESSFUL
     drained(timeout=30)

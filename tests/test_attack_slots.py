@@ -134,7 +134,8 @@ def test_a_worker_busy_with_another_queue_keeps_the_slot_from_an_idle_worker(sta
     fa.long_default.enqueue("long", 8.0)
     wait_until(lambda: Span.objects.filter(key="long").exists(), timeout=30)
     b = start_worker("--concurrency", "2", "--queues", "emails", env=env)
-    # B up and polling: its boot (seconds on a busy machine) is not part of what is timed.
+    # B registered (then 0.5 s to start polling): its boot (seconds on a busy machine) is not
+    # part of what is timed.
     wait_until(lambda: Worker.objects.filter(pid=b.pid).exists(), timeout=30)
     time.sleep(0.5)
     enqueued = time.time()
@@ -142,6 +143,8 @@ def test_a_worker_busy_with_another_queue_keeps_the_slot_from_an_idle_worker(sta
     drained(timeout=60)
     waits = sorted(round(s.started - enqueued, 2) for s in Span.objects.filter(key__startswith="e"))
     assert max(waits) < 3.0, f"emails tasks started after {waits} s"
+    # They ran while A was busy with its long task (else A, idle, could have run them itself).
+    assert Span.objects.get(key="long").ended > enqueued + max(waits)
     for w in (a, b):
         w.signal(signal.SIGTERM)
     for w in (a, b):
@@ -206,8 +209,8 @@ def test_a_worker_busy_with_an_unlimited_backlog_hoards_the_slots_from_an_idle_w
     a = start_worker("--concurrency", "2", "--queues", "default,emails", env=env)
     wait_until(lambda: Span.objects.count() >= 4, timeout=30)
     b = start_worker("--concurrency", "2", "--queues", "emails", env=env)
-    wait_until(lambda: Worker.objects.filter(pid=b.pid).exists(), timeout=30)  # B up and polling
-    time.sleep(0.5)
+    wait_until(lambda: Worker.objects.filter(pid=b.pid).exists(), timeout=30)  # B registered
+    time.sleep(0.5)  # and polling
     # No emails task exists at all: A should hold no emails slot. Sample for 2 s.
     samples = []
     for _ in range(20):
@@ -216,6 +219,8 @@ def test_a_worker_busy_with_an_unlimited_backlog_hoards_the_slots_from_an_idle_w
     hoarded = sum(1 for n in samples if n) / len(samples)
     enqueued = time.time()
     enqueue_many(f.limited, [((f"e{i}", 0.05), {}) for i in range(4)])
+    # A is still working through its default backlog (else there is nothing to catch).
+    assert Task.objects.filter(queue="default", status=Status.READY).exists()
     time.sleep(1.0)
     held_by_a = Slot.objects.filter(worker_id__contains=f":{a.pid}:").count()  # 1 s in
     wait_until(lambda: Span.objects.filter(key__startswith="e").count() == 4, timeout=60)
